@@ -1,0 +1,10 @@
+//! arcwright runs GitHub Actions self-hosted runners on Kubernetes.
+//!
+//! The library holds everything the `arcwright` binary does, in layers a
+//! reader can see: [`policy`] (the sandboxed WebAssembly decisions) and
+//! [`actions`] (the GitHub Actions service client) know nothing of the
+//! reconcilers built on top of them.
+#![deny(missing_docs)]
+
+pub mod actions;
+pub mod policy;

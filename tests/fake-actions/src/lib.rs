@@ -1,0 +1,1 @@
+//! A fake of the GitHub Actions service.
