@@ -1,1 +1,126 @@
-fn main() {}
+//! arcwright's entry points: `cargo xtask test`, `cargo xtask control-plane`.
+//!
+//! These are the commands the README promises. They make sure of what a fresh
+//! machine lacks (the `wasm32-wasip2` target, the locally built control
+//! plane) before running anything, so the same command works on a laptop, in
+//! CI and on a machine that has never built the project.
+
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+/// The target the policy guests are compiled to.
+const WASM_TARGET: &str = "wasm32-wasip2";
+
+#[derive(Parser)]
+#[command(about = "arcwright's development entry points")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Runs every test the project has: unit, policy (through wasmtime),
+    /// integration against a real kube-apiserver, end-to-end.
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Builds (once per machine) the local kube-apiserver, etcd and helm,
+    /// and prints where they are.
+    ControlPlane,
+    /// Installs the prerequisites a fresh machine lacks (the wasm target and
+    /// the control plane) without running anything else.
+    Setup,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("xtask: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Task::Test { args } => {
+            setup()?;
+            cargo(
+                &["test".to_owned()]
+                    .into_iter()
+                    .chain(args)
+                    .collect::<Vec<_>>(),
+            )
+        }
+        Task::ControlPlane => {
+            let bin = control_plane()?;
+            println!("{}", bin.display());
+            Ok(())
+        }
+        Task::Setup => setup(),
+    }
+}
+
+fn setup() -> Result<()> {
+    ensure_wasm_target()?;
+    control_plane()?;
+    Ok(())
+}
+
+/// Adds the wasm target through rustup when it is missing. The host's build
+/// script compiles the policy guests for it, and fails without it.
+fn ensure_wasm_target() -> Result<()> {
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .context("running `rustup target list --installed` (is rustup installed?)")?;
+    if String::from_utf8_lossy(&installed.stdout)
+        .lines()
+        .any(|line| line.trim() == WASM_TARGET)
+    {
+        return Ok(());
+    }
+    eprintln!("xtask: installing the {WASM_TARGET} target");
+    let status = Command::new("rustup")
+        .args(["target", "add", WASM_TARGET])
+        .status()
+        .context("running `rustup target add`")?;
+    if !status.success() {
+        bail!("`rustup target add {WASM_TARGET}` failed ({status})");
+    }
+    Ok(())
+}
+
+fn control_plane() -> Result<std::path::PathBuf> {
+    arcwright_harness::binaries::ensure_built(&|line| eprintln!("xtask: {line}"))
+        .context("building the local control plane")
+}
+
+fn cargo(args: &[String]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let status = Command::new(&cargo)
+        .args(args)
+        .status()
+        .with_context(|| format!("running {cargo} {}", args.join(" ")))?;
+    if !status.success() {
+        bail!("`cargo {}` failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+}
