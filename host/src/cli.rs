@@ -1,0 +1,322 @@
+//! The `arcwright` command line.
+//!
+//! For now it holds the policy author's tools; they run the same engine, with
+//! the same limits, as the controller does, so a module that passes
+//! `arcwright policy test` behaves the same in the cluster.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use arcwright::policy::bundled;
+use arcwright::policy::suite::{self, Suite};
+use arcwright::policy::{CallLimits, EngineConfig, Policy, PolicyEngine, PolicyKind, PolicyModule};
+use base64::Engine as _;
+use clap::{Parser, Subcommand};
+
+/// Kubernetes controller for GitHub Actions self-hosted runners, with
+/// WebAssembly policies.
+#[derive(Debug, Parser)]
+#[command(name = "arcwright", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Test, run, inspect and package policy modules.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Run YAML suites against a module; exits non-zero when a case fails.
+    Test {
+        /// A `.wasm` file, or `builtin:NAME` (`builtin:KIND/NAME`).
+        module: String,
+        /// Suite files.
+        #[arg(required = true)]
+        suites: Vec<PathBuf>,
+    },
+    /// Make one decision and print it as JSON.
+    Eval {
+        /// The kind of decision.
+        #[arg(long, value_parser = parse_kind)]
+        kind: PolicyKind,
+        /// A `.wasm` file, or `builtin:NAME`.
+        #[arg(long)]
+        module: String,
+        /// The input, in its JSON form.
+        #[arg(long)]
+        input: PathBuf,
+        /// The settings, as JSON.
+        #[arg(long)]
+        settings: Option<PathBuf>,
+    },
+    /// Show a module's world, exports, imports, size and sha256.
+    Inspect {
+        /// A `.wasm` file, or `builtin:NAME` (`builtin:KIND/NAME`).
+        module: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the ConfigMap that carries a module, ready for `kubectl apply`.
+    Configmap {
+        /// A `.wasm` file, or `builtin:NAME`.
+        module: String,
+        /// The ConfigMap's name.
+        #[arg(long)]
+        name: String,
+        /// The ConfigMap's namespace (omitted: kubectl's current one).
+        #[arg(long)]
+        namespace: Option<String>,
+        /// The binaryData key.
+        #[arg(long, default_value = arcwright::policy::loader::DEFAULT_KEY)]
+        key: String,
+    },
+}
+
+fn parse_kind(text: &str) -> Result<PolicyKind, String> {
+    PolicyKind::parse(text)
+        .ok_or_else(|| format!("expected scaling, deregistration or pod-validation, got {text:?}"))
+}
+
+impl Cli {
+    /// Runs the command; the exit code says whether it succeeded.
+    pub fn run(self) -> anyhow::Result<ExitCode> {
+        let Self { command } = self;
+        match command {
+            Command::Policy(command) => command.run(),
+        }
+    }
+}
+
+impl PolicyCommand {
+    fn run(self) -> anyhow::Result<ExitCode> {
+        let engine = PolicyEngine::new(EngineConfig::default())?;
+        match self {
+            Self::Test { module, suites } => test(&engine, &module, &suites),
+            Self::Eval {
+                kind,
+                module,
+                input,
+                settings,
+            } => {
+                let module = Arc::new(load(&engine, &module, Some(kind))?);
+                let input = read_json(&input)?;
+                let settings = settings.as_deref().map(read_json).transpose()?;
+                let policy = Policy::new(module, "cli", settings.as_ref(), CallLimits::default())?;
+                let decision = policy.decide_json(&input)?;
+                println!("{}", serde_json::to_string_pretty(&decision)?);
+                Ok(ExitCode::SUCCESS)
+            }
+            Self::Inspect { module, json } => {
+                let module = load(&engine, &module, None)?;
+                let info = module.info();
+                if json {
+                    println!("{}", serde_json::to_string_pretty(info)?);
+                    return Ok(ExitCode::SUCCESS);
+                }
+                println!("world:   {}", info.world);
+                println!("kind:    {}", info.kind);
+                println!("size:    {} bytes", info.size);
+                println!("sha256:  {}", info.sha256);
+                println!("exports:");
+                for export in &info.exports {
+                    println!("  {export}");
+                }
+                if info.imports.is_empty() {
+                    println!("imports: (none)");
+                } else {
+                    println!("imports:");
+                    for import in &info.imports {
+                        println!("  {import}");
+                    }
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            Self::Configmap {
+                module,
+                name,
+                namespace,
+                key,
+            } => {
+                let wasm = module_bytes(&module, None)?;
+                // Refuse to package what the controller would refuse to load.
+                let loaded = engine.load(&wasm, None)?;
+                print!(
+                    "{}",
+                    configmap_yaml(&loaded, &wasm, &name, namespace.as_deref(), &key)?
+                );
+                eprintln!(
+                    "reference it with:\n  configMapRef: {{name: {name}{}}}\n  sha256: {}",
+                    if key == arcwright::policy::loader::DEFAULT_KEY {
+                        String::new()
+                    } else {
+                        format!(", key: {key}")
+                    },
+                    loaded.sha256()
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    }
+}
+
+fn test(engine: &PolicyEngine, module: &str, suites: &[PathBuf]) -> anyhow::Result<ExitCode> {
+    let (mut passed, mut failed) = (0usize, 0usize);
+    let mut loaded: Option<Arc<PolicyModule>> = None;
+    for path in suites {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let suite = Suite::from_yaml(&text).with_context(|| format!("in {}", path.display()))?;
+        let module = match &loaded {
+            Some(module) => Arc::clone(module),
+            None => {
+                let module = Arc::new(load(engine, module, Some(suite.kind))?);
+                loaded = Some(Arc::clone(&module));
+                module
+            }
+        };
+        println!("{}", path.display());
+        let outcomes =
+            suite::run(&module, &suite).with_context(|| format!("in {}", path.display()))?;
+        for outcome in outcomes {
+            match &outcome.failure {
+                None => {
+                    passed += 1;
+                    println!("  ok    {}", outcome.name);
+                }
+                Some(why) => {
+                    failed += 1;
+                    println!("  FAIL  {}: {why}", outcome.name);
+                }
+            }
+        }
+    }
+    println!("{passed} passed, {failed} failed");
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Loads a module from a path or `builtin:NAME`, refusing another kind
+/// than `kind` when one is given.
+fn load(
+    engine: &PolicyEngine,
+    spec: &str,
+    kind: Option<PolicyKind>,
+) -> anyhow::Result<PolicyModule> {
+    let wasm = module_bytes(spec, kind)?;
+    engine
+        .load(&wasm, kind)
+        .with_context(|| format!("loading {spec}"))
+}
+
+/// The bytes of a module given as a path or `builtin:NAME`; the kind, when
+/// known, picks among bundled policies sharing a name (`builtin:KIND/NAME`
+/// says it explicitly).
+fn module_bytes(spec: &str, kind: Option<PolicyKind>) -> anyhow::Result<Cow<'static, [u8]>> {
+    let Some(name) = spec.strip_prefix("builtin:") else {
+        return Ok(Cow::Owned(
+            std::fs::read(spec).with_context(|| format!("reading {spec}"))?,
+        ));
+    };
+    let builtin = match (name.split_once('/'), kind) {
+        (Some((kind, name)), _) => {
+            bundled::find(parse_kind(kind).map_err(anyhow::Error::msg)?, name)?
+        }
+        (None, Some(kind)) => bundled::find(kind, name)?,
+        (None, None) => {
+            let found: Vec<_> = bundled::named(name).collect();
+            match found.as_slice() {
+                [one] => *one,
+                [] => bail!(
+                    "there is no bundled policy named {name:?} (bundled: {})",
+                    bundled::BUILTINS
+                        .iter()
+                        .map(|b| format!("{}/{}", b.kind, b.name))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                several => bail!(
+                    "several bundled policies are named {name:?}; say which: {}",
+                    several
+                        .iter()
+                        .map(|b| format!("builtin:{}/{}", b.kind, b.name))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }
+        }
+    };
+    Ok(Cow::Borrowed(builtin.wasm))
+}
+
+/// Reads JSON (or YAML, its superset) into a JSON value.
+fn read_json(path: &Path) -> anyhow::Result<serde_json::Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_yaml::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))
+}
+
+fn configmap_yaml(
+    module: &PolicyModule,
+    wasm: &[u8],
+    name: &str,
+    namespace: Option<&str>,
+    key: &str,
+) -> anyhow::Result<String> {
+    let mut out = String::from("apiVersion: v1\nkind: ConfigMap\nmetadata:\n");
+    out.push_str(&format!("  name: {}\n", serde_json::to_string(name)?));
+    if let Some(namespace) = namespace {
+        out.push_str(&format!(
+            "  namespace: {}\n",
+            serde_json::to_string(namespace)?
+        ));
+    }
+    out.push_str("  annotations:\n");
+    out.push_str(&format!(
+        "    arcwright.dev/policy-kind: {}\n",
+        module.kind()
+    ));
+    out.push_str(&format!(
+        "    arcwright.dev/policy-sha256: \"{}\"\n",
+        module.sha256()
+    ));
+    out.push_str("binaryData:\n");
+    out.push_str(&format!(
+        "  {}: {}\n",
+        serde_json::to_string(key)?,
+        base64::engine::general_purpose::STANDARD.encode(wasm)
+    ));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn kinds_parse_by_their_yaml_names() {
+        assert_eq!(parse_kind("pod-validation"), Ok(PolicyKind::PodValidation));
+        assert!(
+            parse_kind("podvalidation")
+                .unwrap_err()
+                .contains("expected scaling")
+        );
+    }
+}

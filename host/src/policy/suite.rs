@@ -1,0 +1,416 @@
+//! YAML test suites for policies, run through the real engine.
+//!
+//! The same suites prove the bundled policies in `cargo test` and let a
+//! policy author check a module with `arcwright policy test`, so a suite
+//! that passes in CI passes for the bytes that run in the cluster. The
+//! format:
+//!
+//! ```yaml
+//! kind: scaling                 # scaling | deregistration | pod-validation
+//! cases:
+//!   - name: scales to min plus assigned jobs
+//!     settings: {idle: 2}       # optional; validate-settings runs first
+//!     input: {...}              # the JSON form of the input (see `types`)
+//!     expect:                   # every key given must match; others ignored
+//!       desired: 4
+//!       reason: "assigned"      # substring
+//!       state: '{"since": 1}'   # exact text; `state: null` = none returned
+//!   - name: rejects a bad setting
+//!     settings: {idle: -1}
+//!     expectSettingsError: "idle"   # substring of validate-settings' Err
+//!   - name: decision error
+//!     input: {...}
+//!     expectError: "substring"      # decide returned Err, or the engine failed
+//! ```
+//!
+//! Deregistration cases expect `{verdict, reason}`; pod-validation cases
+//! expect `{violations: [{path, message}]}`, where the set of paths must be
+//! exactly the one given (in any order) and each message is a substring.
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::types::{Decision, Violation};
+use super::{CallLimits, Policy, PolicyError, PolicyKind, PolicyModule};
+
+/// Why a suite could not be run at all (as opposed to a case failing).
+#[derive(Debug, thiserror::Error)]
+pub enum SuiteError {
+    /// The YAML does not have the suite's shape.
+    #[error("the suite is not valid: {0}")]
+    Parse(String),
+    /// The suite is for another kind of policy than the module.
+    #[error("the suite is for {suite} policies, but the module is a {module} policy")]
+    KindMismatch {
+        /// The suite's kind.
+        suite: PolicyKind,
+        /// The module's kind.
+        module: PolicyKind,
+    },
+}
+
+/// A parsed suite.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Suite {
+    /// The kind of policy the cases are for.
+    pub kind: PolicyKind,
+    /// The cases, run in order.
+    pub cases: Vec<Case>,
+}
+
+/// One case of a suite.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Case {
+    /// What the case shows.
+    pub name: String,
+    /// Settings for this case; when given, `validate-settings` runs first.
+    #[serde(default)]
+    pub settings: Option<Value>,
+    /// The JSON form of the input.
+    #[serde(default)]
+    pub input: Option<Value>,
+    /// Expected fields of the decision.
+    #[serde(default)]
+    pub expect: Option<Map<String, Value>>,
+    /// Expected substring of the settings error.
+    #[serde(default)]
+    pub expect_settings_error: Option<String>,
+    /// Expected substring of the decision error.
+    #[serde(default)]
+    pub expect_error: Option<String>,
+}
+
+impl Suite {
+    /// Parses a suite from YAML.
+    pub fn from_yaml(text: &str) -> Result<Self, SuiteError> {
+        let suite: Suite =
+            serde_yaml::from_str(text).map_err(|e| SuiteError::Parse(e.to_string()))?;
+        for case in &suite.cases {
+            if case.input.is_none() && case.expect_settings_error.is_none() {
+                return Err(SuiteError::Parse(format!(
+                    "case {:?} has neither an input nor expectSettingsError",
+                    case.name
+                )));
+            }
+            if case.input.is_some() && case.expect.is_none() && case.expect_error.is_none() {
+                return Err(SuiteError::Parse(format!(
+                    "case {:?} has an input but neither expect nor expectError",
+                    case.name
+                )));
+            }
+        }
+        Ok(suite)
+    }
+}
+
+/// The result of one case.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaseOutcome {
+    /// The case's name.
+    pub name: String,
+    /// `None` when it passed, otherwise what went wrong.
+    pub failure: Option<String>,
+}
+
+impl CaseOutcome {
+    /// Whether the case passed.
+    pub fn passed(&self) -> bool {
+        self.failure.is_none()
+    }
+}
+
+/// Runs every case of `suite` against `module`, each in fresh instances.
+pub fn run(module: &Arc<PolicyModule>, suite: &Suite) -> Result<Vec<CaseOutcome>, SuiteError> {
+    if suite.kind != module.kind() {
+        return Err(SuiteError::KindMismatch {
+            suite: suite.kind,
+            module: module.kind(),
+        });
+    }
+    Ok(suite
+        .cases
+        .iter()
+        .map(|case| CaseOutcome {
+            name: case.name.clone(),
+            failure: run_case(module, suite.kind, case).err(),
+        })
+        .collect())
+}
+
+fn run_case(module: &Arc<PolicyModule>, kind: PolicyKind, case: &Case) -> Result<(), String> {
+    let label = "suite";
+    let policy = match (&case.settings, &case.expect_settings_error) {
+        (settings, Some(expected)) => {
+            match Policy::new(
+                Arc::clone(module),
+                label,
+                settings.as_ref(),
+                CallLimits::default(),
+            ) {
+                Ok(_) => {
+                    return Err(format!(
+                        "the settings were accepted; expected an error containing {expected:?}"
+                    ));
+                }
+                Err(PolicyError::SettingsRejected(message))
+                    if message.contains(expected.as_str()) =>
+                {
+                    return Ok(());
+                }
+                Err(PolicyError::SettingsRejected(message)) => {
+                    return Err(format!(
+                        "the settings error {message:?} does not contain {expected:?}"
+                    ));
+                }
+                Err(other) => return Err(format!("validating the settings failed: {other}")),
+            }
+        }
+        (Some(settings), None) => Policy::new(
+            Arc::clone(module),
+            label,
+            Some(settings),
+            CallLimits::default(),
+        )
+        .map_err(|e| format!("validating the settings failed: {e}"))?,
+        (None, None) => Policy::unvalidated(Arc::clone(module), label),
+    };
+    let input = case.input.as_ref().ok_or("the case has no input")?;
+    let result = policy.decide_json(input);
+    match (&case.expect_error, result) {
+        (Some(expected), Err(error)) => {
+            let message = error.to_string();
+            if message.contains(expected.as_str()) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the error {message:?} does not contain {expected:?}"
+                ))
+            }
+        }
+        (Some(expected), Ok(decision)) => Err(format!(
+            "expected an error containing {expected:?}, got {}",
+            serde_json::to_string(&decision).unwrap_or_default()
+        )),
+        (None, Err(error)) => Err(format!("the decision failed: {error}")),
+        (None, Ok(decision)) => check(
+            kind,
+            case.expect.as_ref().ok_or("the case has no expect")?,
+            &decision,
+        ),
+    }
+}
+
+/// Compares a decision with the expected fields.
+fn check(kind: PolicyKind, expect: &Map<String, Value>, decision: &Decision) -> Result<(), String> {
+    let mut problems = Vec::new();
+    for (key, expected) in expect {
+        let problem = match (decision, key.as_str()) {
+            (Decision::Scaling(d), "desired") => match expected.as_u64() {
+                Some(n) if n == u64::from(d.desired) => None,
+                Some(n) => Some(format!("desired is {}, expected {n}", d.desired)),
+                None => Some(format!("expect.desired must be a number, got {expected}")),
+            },
+            (Decision::Scaling(d), "reason") => substring("reason", &d.reason, expected),
+            (Decision::Scaling(d), "state") => {
+                let actual = d
+                    .state
+                    .as_ref()
+                    .map(|s| String::from_utf8_lossy(s).into_owned());
+                match (expected, actual) {
+                    (Value::Null, None) => None,
+                    (Value::Null, Some(actual)) => {
+                        Some(format!("state is {actual:?}, expected none"))
+                    }
+                    (Value::String(e), Some(actual)) if *e == actual => None,
+                    (Value::String(e), actual) => {
+                        Some(format!("state is {actual:?}, expected {e:?}"))
+                    }
+                    (other, _) => Some(format!("expect.state must be text or null, got {other}")),
+                }
+            }
+            (Decision::Deregistration(d), "verdict") => {
+                let actual = serde_json::to_value(d.verdict).unwrap_or_default();
+                (actual != *expected).then(|| format!("verdict is {actual}, expected {expected}"))
+            }
+            (Decision::Deregistration(d), "reason") => substring("reason", &d.reason, expected),
+            (Decision::PodValidation(d), "violations") => violations(&d.violations, expected),
+            (_, other) => Some(format!(
+                "{kind} decisions have no field {other:?} to expect"
+            )),
+        };
+        problems.extend(problem);
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} (decision: {})",
+            problems.join("; "),
+            serde_json::to_string(decision).unwrap_or_default()
+        ))
+    }
+}
+
+fn substring(what: &str, actual: &str, expected: &Value) -> Option<String> {
+    match expected.as_str() {
+        Some(e) if actual.contains(e) => None,
+        Some(e) => Some(format!("{what} {actual:?} does not contain {e:?}")),
+        None => Some(format!("expect.{what} must be text, got {expected}")),
+    }
+}
+
+fn violations(actual: &[Violation], expected: &Value) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Expected {
+        path: String,
+        #[serde(default)]
+        message: Option<String>,
+    }
+    let expected: Vec<Expected> = match serde_json::from_value(expected.clone()) {
+        Ok(list) => list,
+        Err(e) => {
+            return Some(format!(
+                "expect.violations must be a list of {{path, message}}: {e}"
+            ));
+        }
+    };
+    let mut want: Vec<&str> = expected.iter().map(|v| v.path.as_str()).collect();
+    let mut got: Vec<&str> = actual.iter().map(|v| v.path.as_str()).collect();
+    want.sort_unstable();
+    want.dedup();
+    got.sort_unstable();
+    got.dedup();
+    if want != got {
+        return Some(format!("violation paths are {got:?}, expected {want:?}"));
+    }
+    for e in &expected {
+        if let Some(message) = &e.message
+            && !actual
+                .iter()
+                .any(|v| v.path == e.path && v.message.contains(message.as_str()))
+        {
+            return Some(format!("no violation at {} contains {message:?}", e.path));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::types::{
+        DeregistrationDecision, PodValidationDecision, ScalingDecision, Verdict,
+    };
+
+    fn map(yaml: &str) -> Map<String, Value> {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn a_case_needs_something_to_check() {
+        let err =
+            Suite::from_yaml("kind: scaling\ncases:\n  - name: x\n    input: {}\n").unwrap_err();
+        assert!(
+            err.to_string().contains("neither expect nor expectError"),
+            "{err}"
+        );
+        let err = Suite::from_yaml("kind: sideways\ncases: []\n").unwrap_err();
+        assert!(err.to_string().contains("sideways"), "{err}");
+        assert!(Suite::from_yaml("kind: pod-validation\ncases:\n  - name: x\n    input: {}\n    expect: {violations: []}\n").is_ok());
+    }
+
+    #[test]
+    fn scaling_expectations() {
+        let decision = Decision::Scaling(ScalingDecision {
+            desired: 4,
+            clamped_from: None,
+            reason: "min 1 + 3 assigned".into(),
+            state: None,
+        });
+        assert!(
+            check(
+                PolicyKind::Scaling,
+                &map("{desired: 4, reason: assigned, state: null}"),
+                &decision
+            )
+            .is_ok()
+        );
+        let err = check(
+            PolicyKind::Scaling,
+            &map("{desired: 5, state: 'x'}"),
+            &decision,
+        )
+        .unwrap_err();
+        assert!(err.contains("desired is 4, expected 5"), "{err}");
+        assert!(err.contains("expected \"x\""), "{err}");
+        let err = check(
+            PolicyKind::Scaling,
+            &map("{verdict: remove-now}"),
+            &decision,
+        )
+        .unwrap_err();
+        assert!(err.contains("no field \"verdict\""), "{err}");
+    }
+
+    #[test]
+    fn deregistration_expectations() {
+        let decision = Decision::Deregistration(DeregistrationDecision {
+            verdict: Verdict::RemoveAfterJob,
+            reason: "it had a job".into(),
+        });
+        assert!(
+            check(
+                PolicyKind::Deregistration,
+                &map("{verdict: remove-after-job, reason: job}"),
+                &decision
+            )
+            .is_ok()
+        );
+        assert!(
+            check(
+                PolicyKind::Deregistration,
+                &map("{verdict: remove-now}"),
+                &decision
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn violations_are_an_exact_set_of_paths() {
+        let decision = Decision::PodValidation(PodValidationDecision {
+            violations: vec![
+                Violation {
+                    path: "spec.restartPolicy".into(),
+                    message: "must be Never".into(),
+                },
+                Violation {
+                    path: "spec.containers[0].image".into(),
+                    message: "is missing".into(),
+                },
+            ],
+        });
+        let ok = map(
+            "{violations: [{path: 'spec.containers[0].image'}, {path: spec.restartPolicy, message: Never}]}",
+        );
+        assert!(check(PolicyKind::PodValidation, &ok, &decision).is_ok());
+        let missing = map("{violations: [{path: spec.restartPolicy}]}");
+        assert!(check(PolicyKind::PodValidation, &missing, &decision).is_err());
+        let wrong_message = map(
+            "{violations: [{path: 'spec.containers[0].image'}, {path: spec.restartPolicy, message: Always}]}",
+        );
+        assert!(check(PolicyKind::PodValidation, &wrong_message, &decision).is_err());
+        assert!(
+            check(
+                PolicyKind::PodValidation,
+                &map("{violations: []}"),
+                &decision
+            )
+            .is_err()
+        );
+    }
+}
