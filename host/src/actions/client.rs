@@ -1,0 +1,1173 @@
+//! `ActionsClient`: the HTTP half of the Actions protocol.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{
+    ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER,
+    USER_AGENT,
+};
+use jiff::Timestamp;
+use reqwest::Method;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::Mutex;
+use url::Url;
+
+use super::auth::{
+    AdminToken, Credentials, RegistrationResponse, Secret, TokenResponse, jwt_expiry,
+};
+use super::error::{classify_response, strip_bom};
+use super::retry::{Outcome, RetryPolicy, next_delay};
+use super::session::MessageSession;
+use super::types::{
+    CreateSessionRequest, JitConfig, JitRunnerSetting, ListResponse, RunnerGroup, RunnerReference,
+    RunnerScaleSet, RunnerScaleSetSession,
+};
+use super::{ActionsError, ConfigUrl, Operation};
+
+/// The Actions service API version every service call is made with.
+pub const API_VERSION: &str = "6.0-preview";
+
+/// Who is calling, sent as a JSON `User-Agent` so GitHub can tell
+/// controllers, versions and scale sets apart when diagnosing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SystemInfo {
+    /// The product (`arcwright`).
+    pub system: String,
+    /// The product version.
+    pub version: String,
+    /// The commit the product was built from.
+    pub commit_sha: String,
+    /// The scale set the client serves; 0 for a client shared by several.
+    pub scale_set_id: i64,
+    /// The part of the product making the calls (`controller`, `listener`).
+    pub subsystem: String,
+}
+
+impl Default for SystemInfo {
+    fn default() -> Self {
+        Self {
+            system: "arcwright".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            commit_sha: String::new(),
+            scale_set_id: 0,
+            subsystem: "controller".into(),
+        }
+    }
+}
+
+impl SystemInfo {
+    fn user_agent(&self) -> String {
+        #[derive(Serialize)]
+        struct Agent<'a> {
+            system: &'a str,
+            version: &'a str,
+            commit_sha: &'a str,
+            scale_set_id: i64,
+            subsystem: &'a str,
+            build_version: &'a str,
+            build_commit_sha: &'a str,
+            kind: &'a str,
+        }
+        serde_json::to_string(&Agent {
+            system: &self.system,
+            version: &self.version,
+            commit_sha: &self.commit_sha,
+            scale_set_id: self.scale_set_id,
+            subsystem: &self.subsystem,
+            build_version: &self.version,
+            build_commit_sha: &self.commit_sha,
+            kind: "scaleset",
+        })
+        .unwrap_or_else(|_| "arcwright".into())
+    }
+}
+
+/// An HTTP(S) proxy for every call the client makes.
+#[derive(Clone, Default)]
+pub struct ProxyConfig {
+    /// The proxy for `http://` URLs.
+    pub http: Option<String>,
+    /// The proxy for `https://` URLs.
+    pub https: Option<String>,
+    /// Hosts (and `.domain` suffixes, IPs, CIDRs) reached directly.
+    pub no_proxy: Vec<String>,
+    /// Basic-auth user name for the proxy.
+    pub username: Option<String>,
+    /// Basic-auth password for the proxy.
+    pub password: Option<Secret>,
+}
+
+impl fmt::Debug for ProxyConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProxyConfig")
+            .field("http", &self.http.as_deref().map(redact_userinfo))
+            .field("https", &self.https.as_deref().map(redact_userinfo))
+            .field("no_proxy", &self.no_proxy)
+            .field("username", &self.username)
+            .field("password", &self.password)
+            .finish()
+    }
+}
+
+/// Drops any `user:password@` from a URL before it is shown.
+fn redact_userinfo(url: &str) -> String {
+    match Url::parse(url) {
+        Ok(mut u) => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.to_string()
+        }
+        Err(_) => "[unparsable URL]".into(),
+    }
+}
+
+/// How the client behaves, beyond who it is and where it calls.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// What the `User-Agent` says.
+    pub system_info: SystemInfo,
+    /// The limit on each attempt of every call except the message long poll.
+    pub timeout: Duration,
+    /// The limit on each attempt of get-message. The service holds a long
+    /// poll for about 50 s before answering 202, so this must be well above
+    /// that or every empty poll becomes a timeout.
+    pub message_timeout: Duration,
+    /// When and how failed attempts are retried.
+    pub retry: RetryPolicy,
+    /// Extra trusted roots in PEM (a GitHub Enterprise Server with a private
+    /// CA), added to the platform's roots.
+    pub root_ca_pem: Option<String>,
+    /// A proxy for every call.
+    pub proxy: Option<ProxyConfig>,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            system_info: SystemInfo::default(),
+            timeout: Duration::from_secs(30),
+            message_timeout: Duration::from_secs(90),
+            retry: RetryPolicy::default(),
+            root_ca_pem: None,
+            proxy: None,
+        }
+    }
+}
+
+/// A client of GitHub and the Actions service for one credential and one
+/// configuration URL.
+///
+/// Cheap to clone (the clones share the connection pool and the admin
+/// token), and meant to be shared: one client serves every scale set of a
+/// credential, so thousands of long polls ride one pool and one bootstrap.
+///
+/// Every call is bounded by a per-attempt timeout and retried with jittered
+/// exponential backoff on connection errors, timeouts, 429 (honouring
+/// `Retry-After`) and 5xx. The admin token is renewed a minute before its
+/// `exp`, one bootstrap at a time, and once more if the service rejects it
+/// anyway.
+#[derive(Clone)]
+pub struct ActionsClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    http: reqwest::Client,
+    config_url: ConfigUrl,
+    credentials: Credentials,
+    options: ClientOptions,
+    user_agent: HeaderValue,
+    /// The admin token, behind an async lock held across the bootstrap so
+    /// that a burst of calls at expiry costs one bootstrap, not one each.
+    admin: Mutex<AdminSlot>,
+}
+
+/// The admin token and how the last bootstrap went.
+#[derive(Default)]
+struct AdminSlot {
+    token: Option<Arc<AdminToken>>,
+    /// When the last bootstrap failed, and why. Calls that were already
+    /// waiting for the lock while it ran get this answer instead of running
+    /// a bootstrap each: with a thousand listeners queued behind a GitHub
+    /// outage, the alternative is a thousand bootstraps back to back, each
+    /// with its full retry schedule, before a single caller hears anything.
+    failed: Option<(tokio::time::Instant, String)>,
+}
+
+impl fmt::Debug for ActionsClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ActionsClient")
+            .field("config_url", &self.inner.config_url.url().as_str())
+            .field("credentials", &self.inner.credentials)
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a request is authorised.
+enum Auth<'a> {
+    /// `Authorization: Bearer <token>`.
+    Bearer(&'a Secret),
+    /// `Authorization: RemoteAuth <token>` (runner-registration only).
+    RemoteAuth(&'a Secret),
+}
+
+/// One call, ready to be attempted as often as the retry policy allows.
+struct Call<'a> {
+    operation: Operation,
+    method: Method,
+    url: Url,
+    auth: Auth<'a>,
+    content_type: &'static str,
+    accept: Option<&'static str>,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    body: Option<Vec<u8>>,
+    timeout: Duration,
+}
+
+/// A call authorised by a session's message queue token.
+pub(crate) struct QueueRequest {
+    pub(crate) operation: Operation,
+    pub(crate) method: Method,
+    pub(crate) url: Url,
+    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+    pub(crate) body: Option<Vec<u8>>,
+    pub(crate) timeout: Duration,
+}
+
+/// What an unsuccessful attempt came to, before it is turned into a retry
+/// [`Outcome`] (which borrows the `Retry-After` header).
+enum AttemptKind {
+    Status(u16),
+    Transport,
+    Certificate,
+    Timeout,
+}
+
+/// Whether a transport error is the server's certificate being rejected.
+fn is_certificate_error(error: &reqwest::Error) -> bool {
+    matches!(
+        find_rustls_error(error),
+        Some(rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented)
+    )
+}
+
+/// Finds rustls' error in a chain. It travels wrapped in `io::Error`s
+/// (sometimes two deep) inside hyper's and reqwest's errors, and
+/// `io::Error::source` skips the error it wraps, so wrapped errors are
+/// searched through `get_ref` as well as `source`.
+fn find_rustls_error<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a rustls::Error> {
+    if let Some(found) = error.downcast_ref::<rustls::Error>() {
+        return Some(found);
+    }
+    if let Some(inner) = error
+        .downcast_ref::<std::io::Error>()
+        .and_then(std::io::Error::get_ref)
+        && let Some(found) = find_rustls_error(inner)
+    {
+        return Some(found);
+    }
+    error.source().and_then(find_rustls_error)
+}
+
+/// A successful response: its status and its body with any BOM removed.
+pub(crate) struct Response {
+    pub(crate) status: u16,
+    pub(crate) body: Vec<u8>,
+}
+
+impl Response {
+    pub(crate) fn json<T: DeserializeOwned>(
+        &self,
+        operation: Operation,
+    ) -> Result<T, ActionsError> {
+        serde_json::from_slice(&self.body).map_err(|e| ActionsError::Decode {
+            operation,
+            // serde_json quotes the offending value, and in a token or JIT
+            // config response that value may be the secret itself.
+            reason: if operation.response_carries_secret() {
+                format!(
+                    "{:?} error at line {} column {}",
+                    e.classify(),
+                    e.line(),
+                    e.column()
+                )
+            } else {
+                e.to_string()
+            },
+        })
+    }
+}
+
+/// Makes sure rustls has a crypto provider. reqwest is built without one (to
+/// keep aws-lc out of the build), so the ring provider is installed as the
+/// process default; if something else installed one first, that one is used.
+fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// Builds the HTTP client with the custom CA and proxy, if any.
+pub(crate) fn build_http(options: &ClientOptions) -> Result<reqwest::Client, ActionsError> {
+    ensure_crypto_provider();
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(options.timeout)
+        .pool_idle_timeout(Duration::from_secs(90))
+        // Redirects would carry the Authorization header to wherever the
+        // Location points; the protocol has none, so none are followed.
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy();
+    if let Some(pem) = &options.root_ca_pem {
+        let certs = reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(|e| {
+            ActionsError::ClientSetup(format!("the custom CA bundle cannot be read: {e}"))
+        })?;
+        if certs.is_empty() {
+            return Err(ActionsError::ClientSetup(
+                "the custom CA bundle holds no PEM certificate".into(),
+            ));
+        }
+        builder = builder.tls_certs_merge(certs);
+    }
+    if let Some(proxy) = &options.proxy {
+        let no_proxy = reqwest::NoProxy::from_string(&proxy.no_proxy.join(","));
+        let configure = |p: reqwest::Proxy| {
+            let p = match (&proxy.username, &proxy.password) {
+                (Some(user), password) => {
+                    p.basic_auth(user, password.as_ref().map(Secret::expose).unwrap_or(""))
+                }
+                (None, _) => p,
+            };
+            p.no_proxy(no_proxy.clone())
+        };
+        if let Some(url) = &proxy.http {
+            let p = reqwest::Proxy::http(url.as_str()).map_err(|_| {
+                ActionsError::ClientSetup(format!(
+                    "the http proxy URL {} is invalid",
+                    redact_userinfo(url)
+                ))
+            })?;
+            builder = builder.proxy(configure(p));
+        }
+        if let Some(url) = &proxy.https {
+            let p = reqwest::Proxy::https(url.as_str()).map_err(|_| {
+                ActionsError::ClientSetup(format!(
+                    "the https proxy URL {} is invalid",
+                    redact_userinfo(url)
+                ))
+            })?;
+            builder = builder.proxy(configure(p));
+        }
+    }
+    builder
+        .build()
+        .map_err(|e| ActionsError::ClientSetup(e.without_url().to_string()))
+}
+
+/// Adds `api-version` to a service URL unless it already has one.
+pub(crate) fn with_api_version(mut url: Url) -> Url {
+    if !url.query_pairs().any(|(k, _)| k == "api-version") {
+        url.query_pairs_mut()
+            .append_pair("api-version", API_VERSION);
+    }
+    url
+}
+
+/// Replaces every occurrence of the given secrets in a service message, so
+/// a service that echoes a token back in an error cannot leak it into ours.
+fn scrub(text: &[u8], secrets: &[&Secret]) -> Vec<u8> {
+    let mut text = String::from_utf8_lossy(text).into_owned();
+    for secret in secrets {
+        if secret.expose().len() >= 4 {
+            text = text.replace(secret.expose(), "[redacted]");
+        }
+    }
+    text.into_bytes()
+}
+
+fn header_str(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+impl ActionsClient {
+    /// Builds a client. Nothing is called yet: the first call bootstraps.
+    pub fn new(
+        config_url: ConfigUrl,
+        credentials: Credentials,
+        options: ClientOptions,
+    ) -> Result<Self, ActionsError> {
+        if let Credentials::Token(token) = &credentials
+            && token.is_empty()
+        {
+            return Err(ActionsError::InvalidCredentials(
+                "the GitHub token is empty".into(),
+            ));
+        }
+        let http = build_http(&options)?;
+        let user_agent =
+            HeaderValue::from_str(&options.system_info.user_agent()).map_err(|_| {
+                ActionsError::ClientSetup("the system info cannot be sent as a User-Agent".into())
+            })?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                http,
+                config_url,
+                credentials,
+                options,
+                user_agent,
+                admin: Mutex::new(AdminSlot::default()),
+            }),
+        })
+    }
+
+    /// The configuration URL the client registers runners under.
+    pub fn config_url(&self) -> &ConfigUrl {
+        &self.inner.config_url
+    }
+
+    /// The options the client was built with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.options
+    }
+
+    /// Makes one call, retrying as the policy allows, and returns the first
+    /// successful response or the error of the last attempt.
+    async fn execute(&self, call: Call<'_>, secrets: &[&Secret]) -> Result<Response, ActionsError> {
+        let policy = &self.inner.options.retry;
+        let mut retries = 0u32;
+        let (auth_scheme, token) = match call.auth {
+            Auth::Bearer(t) => ("Bearer", t),
+            Auth::RemoteAuth(t) => ("RemoteAuth", t),
+        };
+        let mut authorization = HeaderValue::from_str(&format!("{auth_scheme} {}", token.expose()))
+            .map_err(|_| {
+                ActionsError::InvalidCredentials(
+                    "a token holds characters not allowed in a header".into(),
+                )
+            })?;
+        authorization.set_sensitive(true);
+
+        loop {
+            let mut request = self
+                .inner
+                .http
+                .request(call.method.clone(), call.url.clone())
+                .header(USER_AGENT, self.inner.user_agent.clone())
+                .header(AUTHORIZATION, authorization.clone())
+                .header(CONTENT_TYPE, call.content_type);
+            if let Some(accept) = call.accept {
+                request = request.header(ACCEPT, accept);
+            }
+            for (name, value) in &call.headers {
+                request = request.header(name.clone(), value.clone());
+            }
+            if let Some(body) = &call.body {
+                request = request.body(body.clone());
+            }
+            let attempt = tokio::time::timeout(call.timeout, async {
+                let response = request.send().await?;
+                let status = response.status().as_u16();
+                let headers = response.headers().clone();
+                let body = response.bytes().await?;
+                Ok::<_, reqwest::Error>((status, headers, body))
+            })
+            .await;
+
+            // The error to report if this attempt is the last, and what the
+            // retry policy needs to know about it.
+            let (error, retry_after, kind) = match attempt {
+                Ok(Ok((status, _headers, body))) if (200..300).contains(&status) => {
+                    return Ok(Response {
+                        status,
+                        body: strip_bom(&body).to_vec(),
+                    });
+                }
+                Ok(Ok((status, headers, body))) => {
+                    let request_id = header_str(&headers, "ActivityId")
+                        .or_else(|| header_str(&headers, "X-GitHub-Request-Id"));
+                    let content_type = header_str(&headers, CONTENT_TYPE.as_str());
+                    let body = scrub(&body, secrets);
+                    let error = classify_response(
+                        call.operation,
+                        status,
+                        content_type.as_deref(),
+                        &body,
+                        request_id,
+                        retries,
+                    );
+                    let retry_after = header_str(&headers, RETRY_AFTER.as_str());
+                    (error, retry_after, AttemptKind::Status(status))
+                }
+                Ok(Err(source)) => {
+                    let kind = if is_certificate_error(&source) {
+                        AttemptKind::Certificate
+                    } else {
+                        AttemptKind::Transport
+                    };
+                    let error = ActionsError::Transport {
+                        operation: call.operation,
+                        retries,
+                        source: source.without_url(),
+                    };
+                    (error, None, kind)
+                }
+                Err(_) => {
+                    let error = ActionsError::Timeout {
+                        operation: call.operation,
+                        after: call.timeout,
+                        retries,
+                    };
+                    (error, None, AttemptKind::Timeout)
+                }
+            };
+            let outcome = match kind {
+                AttemptKind::Status(status) => Outcome::Status {
+                    status,
+                    retry_after: retry_after.as_deref(),
+                },
+                AttemptKind::Transport => Outcome::Transport,
+                AttemptKind::Certificate => Outcome::Certificate,
+                AttemptKind::Timeout => Outcome::Timeout,
+            };
+            let Some(wait) = next_delay(
+                policy,
+                call.operation,
+                &outcome,
+                retries,
+                Timestamp::now(),
+                rand::random::<f64>(),
+            ) else {
+                return Err(error);
+            };
+            tracing::debug!(
+                operation = %call.operation,
+                retry = retries + 1,
+                wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                error = %error,
+                "retrying Actions call"
+            );
+            tokio::time::sleep(wait).await;
+            retries += 1;
+        }
+    }
+
+    /// The current admin token, bootstrapping a new one when there is none
+    /// or it is within a minute of expiry.
+    pub(crate) async fn admin_token(&self) -> Result<Arc<AdminToken>, ActionsError> {
+        let arrived = tokio::time::Instant::now();
+        let mut slot = self.inner.admin.lock().await;
+        if let Some(token) = &slot.token
+            && !token.needs_renewal(Timestamp::now())
+        {
+            return Ok(token.clone());
+        }
+        if let Some((at, reason)) = &slot.failed
+            && *at >= arrived
+        {
+            return Err(ActionsError::BootstrapFailed {
+                reason: reason.clone(),
+            });
+        }
+        match self.bootstrap().await {
+            Ok(token) => {
+                let token = Arc::new(token);
+                slot.token = Some(token.clone());
+                slot.failed = None;
+                Ok(token)
+            }
+            Err(error) => {
+                slot.failed = Some((tokio::time::Instant::now(), error.to_string()));
+                Err(error)
+            }
+        }
+    }
+
+    /// Forgets an admin token the service rejected, unless another call has
+    /// already replaced it.
+    async fn forget_admin_token(&self, rejected: &Arc<AdminToken>) {
+        let mut slot = self.inner.admin.lock().await;
+        if slot
+            .token
+            .as_ref()
+            .is_some_and(|t| Arc::ptr_eq(t, rejected))
+        {
+            slot.token = None;
+        }
+    }
+
+    /// The three-step bootstrap: GitHub token, registration token, admin
+    /// token.
+    async fn bootstrap(&self) -> Result<AdminToken, ActionsError> {
+        let api = self.inner.config_url.api_base();
+        let timeout = self.inner.options.timeout;
+        let github_token = match &self.inner.credentials {
+            Credentials::Token(token) => token.clone(),
+            Credentials::App(app) => {
+                let jwt = app.jwt(Timestamp::now())?;
+                let url = join(
+                    api,
+                    &format!("app/installations/{}/access_tokens", app.installation_id()),
+                    Operation::InstallationToken,
+                )?;
+                let response = self
+                    .execute(
+                        Call {
+                            operation: Operation::InstallationToken,
+                            method: Method::POST,
+                            url,
+                            auth: Auth::Bearer(&jwt),
+                            content_type: "application/vnd.github+json",
+                            accept: Some("application/vnd.github+json"),
+                            headers: Vec::new(),
+                            body: None,
+                            timeout,
+                        },
+                        &[&jwt],
+                    )
+                    .await?;
+                response
+                    .json::<TokenResponse>(Operation::InstallationToken)?
+                    .token
+            }
+        };
+
+        let url = join(
+            api,
+            &self.inner.config_url.registration_token_path(),
+            Operation::RegistrationToken,
+        )?;
+        let response = self
+            .execute(
+                Call {
+                    operation: Operation::RegistrationToken,
+                    method: Method::POST,
+                    url,
+                    auth: Auth::Bearer(&github_token),
+                    content_type: "application/vnd.github.v3+json",
+                    accept: Some("application/vnd.github+json"),
+                    headers: Vec::new(),
+                    body: None,
+                    timeout,
+                },
+                &[&github_token],
+            )
+            .await?;
+        let registration_token = response
+            .json::<TokenResponse>(Operation::RegistrationToken)?
+            .token;
+
+        let url = join(
+            api,
+            "actions/runner-registration",
+            Operation::RunnerRegistration,
+        )?;
+        let body = serde_json::json!({
+            "url": self.inner.config_url.url().as_str(),
+            "runner_event": "register",
+        });
+        let response = self
+            .execute(
+                Call {
+                    operation: Operation::RunnerRegistration,
+                    method: Method::POST,
+                    url,
+                    auth: Auth::RemoteAuth(&registration_token),
+                    content_type: "application/json",
+                    accept: Some("application/json"),
+                    headers: Vec::new(),
+                    body: Some(body.to_string().into_bytes()),
+                    timeout,
+                },
+                &[&registration_token, &github_token],
+            )
+            .await?;
+        let registration: RegistrationResponse = response.json(Operation::RunnerRegistration)?;
+        let mut service_url = Url::parse(&registration.url).map_err(|e| ActionsError::Decode {
+            operation: Operation::RunnerRegistration,
+            reason: format!("the Actions service URL is invalid: {e}"),
+        })?;
+        if !service_url.path().ends_with('/') {
+            let path = format!("{}/", service_url.path());
+            service_url.set_path(&path);
+        }
+        let expires_at = jwt_expiry(registration.token.expose())?;
+        tracing::debug!(service = %service_url, expires_at = %expires_at, "obtained Actions service admin token");
+        Ok(AdminToken {
+            service_url,
+            token: registration.token,
+            expires_at,
+        })
+    }
+
+    /// Calls the Actions service with the admin token. A 401 means the token
+    /// was revoked or expired early: it is dropped, the bootstrap redone, and
+    /// the call made once more.
+    async fn service_call(
+        &self,
+        operation: Operation,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Response, ActionsError> {
+        let mut renewed = false;
+        loop {
+            let admin = self.admin_token().await?;
+            let url = with_api_version(join(&admin.service_url, path, operation)?);
+            let result = self
+                .execute(
+                    Call {
+                        operation,
+                        method: method.clone(),
+                        url,
+                        auth: Auth::Bearer(&admin.token),
+                        content_type: "application/json",
+                        accept: Some("application/json"),
+                        headers: Vec::new(),
+                        body: body.clone(),
+                        timeout: self.inner.options.timeout,
+                    },
+                    &[&admin.token],
+                )
+                .await;
+            match result {
+                Err(ActionsError::Status { status: 401, .. }) if !renewed => {
+                    tracing::debug!(operation = %operation, "admin token rejected; bootstrapping again");
+                    self.forget_admin_token(&admin).await;
+                    renewed = true;
+                }
+                Err(ActionsError::Status { status: 401, .. }) => {
+                    return Err(ActionsError::AdminTokenExpired { operation });
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Calls an endpoint with the message queue token of a session.
+    pub(crate) async fn queue_call(
+        &self,
+        request: QueueRequest,
+        queue_token: &Secret,
+    ) -> Result<Response, ActionsError> {
+        let accept = if request.operation == Operation::GetMessage {
+            Some("application/json; api-version=6.0-preview")
+        } else {
+            Some("application/json")
+        };
+        self.execute(
+            Call {
+                operation: request.operation,
+                method: request.method,
+                url: request.url,
+                auth: Auth::Bearer(queue_token),
+                content_type: "application/json",
+                accept,
+                headers: request.headers,
+                body: request.body,
+                timeout: request.timeout,
+            },
+            &[queue_token],
+        )
+        .await
+    }
+
+    /// Looks a runner group up by name.
+    pub async fn get_runner_group_by_name(&self, name: &str) -> Result<RunnerGroup, ActionsError> {
+        let op = Operation::GetRunnerGroup;
+        let path = format!("_apis/runtime/runnergroups/?groupName={}", encode(name));
+        let list: ListResponse<RunnerGroup> = self
+            .service_call(op, Method::GET, &path, None)
+            .await?
+            .json(op)?;
+        match list.value.len() {
+            0 => Err(ActionsError::RunnerGroupNotFound {
+                name: name.to_string(),
+            }),
+            1 => Ok(list.value.into_iter().next().expect("one element")),
+            count => Err(ActionsError::AmbiguousResult {
+                operation: op,
+                count,
+            }),
+        }
+    }
+
+    /// Looks a scale set up by runner group and name; `None` when there is
+    /// none.
+    pub async fn get_runner_scale_set(
+        &self,
+        runner_group_id: i64,
+        name: &str,
+    ) -> Result<Option<RunnerScaleSet>, ActionsError> {
+        let op = Operation::GetScaleSet;
+        let path = format!(
+            "_apis/runtime/runnerscalesets?runnerGroupId={runner_group_id}&name={}",
+            encode(name)
+        );
+        let list: ListResponse<RunnerScaleSet> = self
+            .service_call(op, Method::GET, &path, None)
+            .await?
+            .json(op)?;
+        match list.value.len() {
+            0 => Ok(None),
+            1 => Ok(list.value.into_iter().next()),
+            count => Err(ActionsError::AmbiguousResult {
+                operation: op,
+                count,
+            }),
+        }
+    }
+
+    /// Gets a scale set by id.
+    pub async fn get_runner_scale_set_by_id(
+        &self,
+        id: i64,
+    ) -> Result<RunnerScaleSet, ActionsError> {
+        let op = Operation::GetScaleSetById;
+        self.service_call(
+            op,
+            Method::GET,
+            &format!("_apis/runtime/runnerscalesets/{id}"),
+            None,
+        )
+        .await?
+        .json(op)
+    }
+
+    /// Creates a scale set and returns it as the service stored it.
+    pub async fn create_runner_scale_set(
+        &self,
+        scale_set: &RunnerScaleSet,
+    ) -> Result<RunnerScaleSet, ActionsError> {
+        let op = Operation::CreateScaleSet;
+        self.service_call(
+            op,
+            Method::POST,
+            "_apis/runtime/runnerscalesets",
+            Some(to_body(scale_set, op)?),
+        )
+        .await?
+        .json(op)
+    }
+
+    /// Updates the fields of a scale set that are set in `patch` (an empty
+    /// name or a zero group id is left as it is).
+    pub async fn update_runner_scale_set(
+        &self,
+        id: i64,
+        patch: &RunnerScaleSet,
+    ) -> Result<RunnerScaleSet, ActionsError> {
+        let op = Operation::UpdateScaleSet;
+        let path = format!("_apis/runtime/runnerscalesets/{id}");
+        self.service_call(op, Method::PATCH, &path, Some(to_body(patch, op)?))
+            .await?
+            .json(op)
+    }
+
+    /// Deletes a scale set. The service refuses while jobs are assigned to
+    /// its runners.
+    pub async fn delete_runner_scale_set(&self, id: i64) -> Result<(), ActionsError> {
+        let op = Operation::DeleteScaleSet;
+        self.service_call(
+            op,
+            Method::DELETE,
+            &format!("_apis/runtime/runnerscalesets/{id}"),
+            None,
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Registers a runner in a scale set and returns its JIT configuration.
+    /// A name that is already registered is [`ActionsError::RunnerExists`].
+    pub async fn generate_jit_runner_config(
+        &self,
+        scale_set_id: i64,
+        setting: &JitRunnerSetting,
+    ) -> Result<JitConfig, ActionsError> {
+        let op = Operation::GenerateJitConfig;
+        let path = format!("_apis/runtime/runnerscalesets/{scale_set_id}/generatejitconfig");
+        self.service_call(op, Method::POST, &path, Some(to_body(setting, op)?))
+            .await?
+            .json(op)
+    }
+
+    /// Gets a runner by id; [`ActionsError::RunnerNotFound`] when there is
+    /// none.
+    pub async fn get_runner(&self, runner_id: i64) -> Result<RunnerReference, ActionsError> {
+        let op = Operation::GetRunner;
+        self.service_call(
+            op,
+            Method::GET,
+            &format!("_apis/distributedtask/pools/0/agents/{runner_id}"),
+            None,
+        )
+        .await?
+        .json(op)
+    }
+
+    /// Gets a runner by name; `None` when there is none.
+    pub async fn get_runner_by_name(
+        &self,
+        name: &str,
+    ) -> Result<Option<RunnerReference>, ActionsError> {
+        let op = Operation::GetRunnerByName;
+        let path = format!(
+            "_apis/distributedtask/pools/0/agents?agentName={}",
+            encode(name)
+        );
+        let list: ListResponse<RunnerReference> = self
+            .service_call(op, Method::GET, &path, None)
+            .await?
+            .json(op)?;
+        match list.value.len() {
+            0 => Ok(None),
+            1 => Ok(list.value.into_iter().next()),
+            count => Err(ActionsError::AmbiguousResult {
+                operation: op,
+                count,
+            }),
+        }
+    }
+
+    /// Removes a runner's registration. The service answers success when the
+    /// runner is already gone, and [`ActionsError::JobStillRunning`] while
+    /// its job runs.
+    pub async fn remove_runner(&self, runner_id: i64) -> Result<(), ActionsError> {
+        let op = Operation::RemoveRunner;
+        self.service_call(
+            op,
+            Method::DELETE,
+            &format!("_apis/distributedtask/pools/0/agents/{runner_id}"),
+            None,
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Creates the message session of a scale set. Only one session per
+    /// scale set may exist; a second is [`ActionsError::SessionConflict`].
+    pub async fn create_message_session(
+        &self,
+        scale_set_id: i64,
+        owner: &str,
+    ) -> Result<MessageSession, ActionsError> {
+        let session = self.create_session(scale_set_id, owner).await?;
+        Ok(MessageSession::new(self.clone(), scale_set_id, session))
+    }
+
+    /// `POST …/sessions`.
+    pub(crate) async fn create_session(
+        &self,
+        scale_set_id: i64,
+        owner: &str,
+    ) -> Result<RunnerScaleSetSession, ActionsError> {
+        let op = Operation::CreateSession;
+        let request = CreateSessionRequest {
+            session_id: "00000000-0000-0000-0000-000000000000".into(),
+            owner_name: owner.to_string(),
+        };
+        let path = format!("_apis/runtime/runnerscalesets/{scale_set_id}/sessions");
+        let session: RunnerScaleSetSession = self
+            .service_call(op, Method::POST, &path, Some(to_body(&request, op)?))
+            .await?
+            .json(op)?;
+        check_session(session, op)
+    }
+
+    /// `PATCH …/sessions/{id}`: a fresh queue token for the same session.
+    pub(crate) async fn refresh_session(
+        &self,
+        scale_set_id: i64,
+        session_id: &str,
+    ) -> Result<RunnerScaleSetSession, ActionsError> {
+        let op = Operation::RefreshSession;
+        let path = format!(
+            "_apis/runtime/runnerscalesets/{scale_set_id}/sessions/{}",
+            encode(session_id)
+        );
+        let session: RunnerScaleSetSession = self
+            .service_call(op, Method::PATCH, &path, None)
+            .await?
+            .json(op)?;
+        check_session(session, op)
+    }
+
+    /// `DELETE …/sessions/{id}`.
+    pub(crate) async fn delete_session(
+        &self,
+        scale_set_id: i64,
+        session_id: &str,
+    ) -> Result<(), ActionsError> {
+        let op = Operation::DeleteSession;
+        let path = format!(
+            "_apis/runtime/runnerscalesets/{scale_set_id}/sessions/{}",
+            encode(session_id)
+        );
+        self.service_call(op, Method::DELETE, &path, None).await?;
+        Ok(())
+    }
+}
+
+/// A session must come with a queue to poll and a token to poll it with.
+fn check_session(
+    session: RunnerScaleSetSession,
+    operation: Operation,
+) -> Result<RunnerScaleSetSession, ActionsError> {
+    if session.session_id.is_empty()
+        || session.message_queue_url.is_empty()
+        || session.message_queue_access_token.is_empty()
+    {
+        return Err(ActionsError::Decode {
+            operation,
+            reason: "the session lacks an id, a message queue URL or a queue token".into(),
+        });
+    }
+    Url::parse(&session.message_queue_url).map_err(|e| ActionsError::Decode {
+        operation,
+        reason: format!("the message queue URL is invalid: {e}"),
+    })?;
+    Ok(session)
+}
+
+fn join(base: &Url, path: &str, operation: Operation) -> Result<Url, ActionsError> {
+    base.join(path).map_err(|e| ActionsError::Decode {
+        operation,
+        reason: format!("cannot build the request URL: {e}"),
+    })
+}
+
+fn to_body<T: Serialize>(value: &T, operation: Operation) -> Result<Vec<u8>, ActionsError> {
+    serde_json::to_vec(value).map_err(|e| ActionsError::Decode {
+        operation,
+        reason: e.to_string(),
+    })
+}
+
+/// Percent-encodes a query or path value.
+fn encode(value: &str) -> String {
+    url::form_urlencoded::byte_serialize(value.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_version_is_added_once() {
+        let url = with_api_version(Url::parse("https://s.example/t/_apis/x?name=a").unwrap());
+        assert_eq!(
+            url.as_str(),
+            "https://s.example/t/_apis/x?name=a&api-version=6.0-preview"
+        );
+        let url = with_api_version(Url::parse("https://s.example/x?api-version=7.0").unwrap());
+        assert_eq!(url.as_str(), "https://s.example/x?api-version=7.0");
+    }
+
+    #[test]
+    fn user_agent_is_json_with_kind_scaleset() {
+        let info = SystemInfo {
+            system: "arcwright".into(),
+            version: "1.2.3".into(),
+            commit_sha: "abc".into(),
+            scale_set_id: 42,
+            subsystem: "listener".into(),
+        };
+        let agent: serde_json::Value = serde_json::from_str(&info.user_agent()).unwrap();
+        assert_eq!(
+            agent,
+            serde_json::json!({"system":"arcwright","version":"1.2.3","commit_sha":"abc","scale_set_id":42,
+                "subsystem":"listener","build_version":"1.2.3","build_commit_sha":"abc","kind":"scaleset"})
+        );
+    }
+
+    #[test]
+    fn names_are_percent_encoded() {
+        assert_eq!(encode("my set/å&x"), "my%20set%2F%C3%A5%26x");
+    }
+
+    #[test]
+    fn decode_errors_of_secret_responses_do_not_quote_the_body() {
+        let response = Response {
+            status: 200,
+            body: br#"{"runner":"jit-secret-value","encodedJITConfig":"x"}"#.to_vec(),
+        };
+        let err = response
+            .json::<JitConfig>(Operation::GenerateJitConfig)
+            .expect_err("runner is not an object");
+        assert!(!err.to_string().contains("jit-secret-value"), "{err}");
+        assert!(err.to_string().contains("line 1"), "{err}");
+        let err = response
+            .json::<JitConfig>(Operation::GetRunner)
+            .expect_err("same body");
+        assert!(err.to_string().contains("jit-secret-value"), "{err}");
+    }
+
+    #[test]
+    fn echoed_secrets_are_scrubbed() {
+        let token = Secret::new("ghs_supersecret");
+        let out = scrub(br#"{"message":"token ghs_supersecret is bad"}"#, &[&token]);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"message":"token [redacted] is bad"}"#
+        );
+    }
+
+    #[test]
+    fn custom_ca_bundle_is_validated() {
+        let options = ClientOptions {
+            root_ca_pem: Some("not a certificate".into()),
+            ..Default::default()
+        };
+        let err = build_http(&options).expect_err("no certificate");
+        assert!(matches!(err, ActionsError::ClientSetup(_)), "{err}");
+
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let options = ClientOptions {
+            root_ca_pem: Some(cert.cert.pem()),
+            ..Default::default()
+        };
+        build_http(&options).expect("a valid CA is accepted");
+    }
+
+    #[test]
+    fn proxy_settings_are_applied_and_never_shown() {
+        let proxy = ProxyConfig {
+            http: Some("http://proxy.example:3128".into()),
+            https: Some("http://user:inline-pass@proxy.example:3128".into()),
+            no_proxy: vec!["10.0.0.0/8".into(), ".internal".into()],
+            username: Some("proxy-user".into()),
+            password: Some(Secret::new("proxy-pass")),
+        };
+        let shown = format!("{proxy:?}");
+        assert!(
+            !shown.contains("proxy-pass") && !shown.contains("inline-pass"),
+            "{shown}"
+        );
+        build_http(&ClientOptions {
+            proxy: Some(proxy),
+            ..Default::default()
+        })
+        .expect("proxy accepted");
+
+        let bad = ProxyConfig {
+            http: Some("::not a url::".into()),
+            ..Default::default()
+        };
+        let err = build_http(&ClientOptions {
+            proxy: Some(bad),
+            ..Default::default()
+        })
+        .expect_err("bad proxy");
+        assert!(matches!(err, ActionsError::ClientSetup(_)));
+    }
+}
