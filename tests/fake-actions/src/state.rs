@@ -1,0 +1,1556 @@
+//! The service's state and every rule that changes it, with no I/O.
+//!
+//! All of the fake's behaviour that a test could assert lives here, behind
+//! one mutex in the server: each protocol call is a single method call on
+//! [`State`], so the ledger is consistent after every call by construction,
+//! however many clients race. The HTTP layer only authenticates, waits
+//! (long polls) and renders.
+//!
+//! The job life cycle, as the service runs it for ephemeral runners:
+//! enqueued -> `JobAvailable` to the first matching scale set -> acquired by
+//! that set's listener -> assigned (`JobAssigned`) to an online idle runner
+//! of the set -> started (`JobStarted`) when that runner asks for work ->
+//! completed (`JobCompleted`) when the runner reports it, at which point the
+//! ephemeral runner deregisters itself. A runner that vanishes, or whose
+//! registration is removed, while it holds a job that has not finished
+//! cancels that job (`JobCompleted` with `canceled`), and the job is offered
+//! again or given up per [`VanishedJobPolicy`].
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::auth::{random_token, random_uuid};
+use crate::endpoint::Endpoint;
+use crate::error::ServiceError;
+use crate::jit::JitConfig;
+use crate::model::{
+    Counters, Fault, FaultKind, JobOutcome, JobPhase, JobSnapshot, JobSpec, Ledger, MAX_REQUEUES,
+    RunnerSnapshot, ScaleSetSnapshot, VanishedJobPolicy,
+};
+
+/// The job and runner counts a listener scales on, as the service reports
+/// them on every message and on the session.
+///
+/// `totalAssignedJobs` counts every job the scale set has acquired and not
+/// finished (waiting for a runner, assigned, or running): that is the figure
+/// ARC's formula `min(minRunners + assigned, max)` needs, because a running
+/// job still occupies a runner.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Statistics {
+    /// Offered to the scale set, not acquired.
+    pub total_available_jobs: u64,
+    /// Acquired, not yet assigned to a runner.
+    pub total_acquired_jobs: u64,
+    /// Acquired and not finished: waiting, assigned or running.
+    pub total_assigned_jobs: u64,
+    /// Being run.
+    pub total_running_jobs: u64,
+    /// Registrations of the scale set.
+    pub total_registered_runners: u64,
+    /// Registered runners holding a job.
+    pub total_busy_runners: u64,
+    /// Online registered runners holding no job.
+    pub total_idle_runners: u64,
+}
+
+/// What the state needs to know about the server it sits in.
+#[derive(Debug, Clone)]
+pub(crate) struct StateSettings {
+    /// The fake's root URL, without a trailing slash.
+    pub base_url: String,
+    /// What happens to jobs whose runner vanished.
+    pub vanished_jobs: VanishedJobPolicy,
+    /// At most this many job messages per message-queue message.
+    pub max_batch: usize,
+    /// Runner groups besides `Default` (id 1).
+    pub extra_runner_groups: Vec<String>,
+}
+
+/// A runner group; id 1 is the default group.
+#[derive(Debug, Clone)]
+struct RunnerGroup {
+    id: u64,
+    name: String,
+}
+
+/// One configuration URL (org, repo or enterprise) that registered with the
+/// service; its scale sets and runners live apart from other tenants'.
+#[derive(Debug, Clone)]
+struct Tenant {
+    config_path: String,
+    owner: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Label {
+    #[serde(rename = "type", default = "system")]
+    kind: String,
+    name: String,
+}
+
+fn system() -> String {
+    "System".to_owned()
+}
+
+#[derive(Debug)]
+struct ScaleSet {
+    id: u64,
+    tenant: u32,
+    name: String,
+    group_id: u64,
+    labels: Vec<Label>,
+    runner_setting: Value,
+    created_on: String,
+    session: Option<String>,
+    /// Job messages not yet batched into a queue message.
+    pending: VecDeque<Value>,
+    /// Queue messages delivered or deliverable and not deleted, by id.
+    messages: BTreeMap<u64, Vec<Value>>,
+}
+
+impl ScaleSet {
+    /// Whether a job with `labels` may run here: every label of the job is
+    /// one of the set's labels or its name.
+    fn matches(&self, labels: &[String]) -> bool {
+        labels
+            .iter()
+            .all(|l| *l == self.name || self.labels.iter().any(|s| s.name == *l))
+    }
+}
+
+#[derive(Debug)]
+struct Session {
+    id: String,
+    scale_set: u64,
+    owner: String,
+    queue_token: String,
+}
+
+#[derive(Debug)]
+struct Runner {
+    id: u64,
+    name: String,
+    tenant: u32,
+    scale_set: u64,
+    secret: String,
+    online: bool,
+    job: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Job {
+    id: u64,
+    labels: Vec<String>,
+    duration: Duration,
+    outcome: JobOutcome,
+    repository: Option<String>,
+    job_id: String,
+    queue_time: String,
+    phase: JobPhase,
+    scale_set: Option<u64>,
+    runner: Option<u64>,
+    result: Option<&'static str>,
+    requeues: u32,
+}
+
+/// A job handed to the runner that starts it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunnerJob {
+    /// The job's `runnerRequestId`.
+    pub runner_request_id: u64,
+    /// The job's display name.
+    pub display_name: String,
+    /// How long to work on it.
+    pub duration_ms: u64,
+    /// How it will end.
+    pub outcome: JobOutcome,
+}
+
+/// What `DELETE agents/{id}` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Removal {
+    Removed,
+    AlreadyGone,
+}
+
+/// The whole service.
+pub(crate) struct State {
+    settings: StateSettings,
+    next_id: u64,
+    tenants: Vec<Tenant>,
+    registration_tokens: HashMap<String, (String, i64)>,
+    installation_tokens: HashMap<String, i64>,
+    pub(crate) admin_generation: u64,
+    groups: Vec<RunnerGroup>,
+    scale_sets: BTreeMap<u64, ScaleSet>,
+    sessions: HashMap<String, Session>,
+    expired_sessions: HashSet<String>,
+    /// Queue token -> session id; expired tokens stay, marked, to answer
+    /// "expired" rather than "invalid".
+    queue_tokens: HashMap<String, (String, bool)>,
+    runners: BTreeMap<u64, Runner>,
+    jobs: BTreeMap<u64, Job>,
+    ledger: Ledger,
+    counters: Counters,
+    faults: Vec<Fault>,
+}
+
+fn now_rfc3339() -> String {
+    jiff::Timestamp::now().to_string()
+}
+
+fn now_secs() -> i64 {
+    jiff::Timestamp::now().as_second()
+}
+
+impl State {
+    pub(crate) fn new(settings: StateSettings) -> State {
+        let mut groups = vec![RunnerGroup {
+            id: 1,
+            name: "Default".to_owned(),
+        }];
+        for (i, name) in settings.extra_runner_groups.iter().enumerate() {
+            groups.push(RunnerGroup {
+                id: i as u64 + 2,
+                name: name.clone(),
+            });
+        }
+        State {
+            settings,
+            // Ids start high enough that a test cannot pass by confusing
+            // a runner id with a scale set id or a count.
+            next_id: 1000,
+            tenants: Vec::new(),
+            registration_tokens: HashMap::new(),
+            installation_tokens: HashMap::new(),
+            admin_generation: 0,
+            groups,
+            scale_sets: BTreeMap::new(),
+            sessions: HashMap::new(),
+            expired_sessions: HashSet::new(),
+            queue_tokens: HashMap::new(),
+            runners: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            ledger: Ledger::default(),
+            counters: Counters::default(),
+            faults: Vec::new(),
+        }
+    }
+
+    /// One id sequence for everything (runners, scale sets, jobs, messages):
+    /// ids only grow, which gives message ids their required monotonicity.
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    pub(crate) fn base_url(&self) -> &str {
+        &self.settings.base_url
+    }
+
+    // ----- counters and faults -------------------------------------------
+
+    /// Counts a call and returns the fault it meets, if one is armed.
+    pub(crate) fn enter(&mut self, endpoint: Endpoint) -> Option<FaultKind> {
+        let count = self.counters.0.entry(endpoint).or_default();
+        count.calls += 1;
+        let index = self
+            .faults
+            .iter()
+            .position(|f| f.endpoint == endpoint && f.times > 0)?;
+        let fault = &mut self.faults[index];
+        fault.times -= 1;
+        let kind = fault.kind.clone();
+        if fault.times == 0 {
+            self.faults.remove(index);
+        }
+        count.faults += 1;
+        Some(kind)
+    }
+
+    pub(crate) fn inject(&mut self, fault: Fault) {
+        if fault.times > 0 {
+            self.faults.push(fault);
+        }
+    }
+
+    pub(crate) fn clear_faults(&mut self) {
+        self.faults.clear();
+    }
+
+    pub(crate) fn counters(&self) -> Counters {
+        self.counters.clone()
+    }
+
+    pub(crate) fn ledger(&self) -> Ledger {
+        let mut ledger = self.ledger.clone();
+        ledger.still_registered = self.runners.len() as u64;
+        ledger.jobs_unfinished = self
+            .jobs
+            .values()
+            .filter(|j| j.phase != JobPhase::Finished)
+            .count() as u64;
+        ledger
+    }
+
+    // ----- GitHub API side -------------------------------------------------
+
+    pub(crate) fn issue_installation_token(&mut self, lifetime_secs: i64) -> (String, i64) {
+        let token = random_token("ghs_");
+        let expires = now_secs() + lifetime_secs;
+        self.installation_tokens.insert(token.clone(), expires);
+        (token, expires)
+    }
+
+    /// Whether `token` is a live installation token (a PAT is checked by the caller).
+    pub(crate) fn check_installation_token(&self, token: &str) -> Result<(), ServiceError> {
+        match self.installation_tokens.get(token) {
+            Some(expires) if *expires > now_secs() => Ok(()),
+            Some(_) => Err(ServiceError::TokenExpired),
+            None => Err(ServiceError::InvalidCredentials),
+        }
+    }
+
+    /// A registration token for the configuration path (`/org`,
+    /// `/owner/repo` or `/enterprises/ent`).
+    pub(crate) fn issue_registration_token(
+        &mut self,
+        config_path: String,
+        lifetime_secs: i64,
+    ) -> (String, i64) {
+        let token = random_token("AAR");
+        let expires = now_secs() + lifetime_secs;
+        self.registration_tokens
+            .insert(token.clone(), (config_path, expires));
+        (token, expires)
+    }
+
+    /// Redeems a registration token for the given configuration URL and
+    /// returns the tenant number, creating the tenant on first use.
+    pub(crate) fn register(&mut self, token: &str, config_url: &str) -> Result<u32, ServiceError> {
+        let (scope, expires) = self
+            .registration_tokens
+            .get(token)
+            .ok_or(ServiceError::InvalidCredentials)?
+            .clone();
+        if expires <= now_secs() {
+            return Err(ServiceError::TokenExpired);
+        }
+        // Only the path matters: a client may spell the host differently
+        // (`localhost` for `127.0.0.1`) and still mean this service.
+        let path = config_url
+            .split_once("://")
+            .map(|(_, rest)| rest.find('/').map_or("", |i| &rest[i..]))
+            .ok_or_else(|| ServiceError::BadRequest(format!("{config_url:?} is not a URL")))?
+            .trim_end_matches('/');
+        if path != scope {
+            return Err(ServiceError::InvalidCredentials);
+        }
+        if let Some(i) = self.tenants.iter().position(|t| t.config_path == path) {
+            return Ok(i as u32 + 1);
+        }
+        let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        let owner = match segments.as_slice() {
+            ["enterprises", ent] => (*ent).to_owned(),
+            [owner, ..] => (*owner).to_owned(),
+            [] => return Err(ServiceError::BadRequest("empty configuration URL".into())),
+        };
+        self.tenants.push(Tenant {
+            config_path: path.to_owned(),
+            owner,
+        });
+        Ok(self.tenants.len() as u32)
+    }
+
+    pub(crate) fn expire_github_tokens(&mut self) {
+        for expires in self.installation_tokens.values_mut() {
+            *expires = 0;
+        }
+        for (_, expires) in self.registration_tokens.values_mut() {
+            *expires = 0;
+        }
+    }
+
+    // ----- runner groups and scale sets ------------------------------------
+
+    pub(crate) fn runner_groups_by_name(&self, name: &str) -> Value {
+        let value: Vec<Value> = self
+            .groups
+            .iter()
+            .filter(|g| g.name == name)
+            .map(|g| json!({"id": g.id, "name": g.name, "size": 0, "isDefaultGroup": g.id == 1}))
+            .collect();
+        json!({"count": value.len(), "value": value})
+    }
+
+    fn group_name(&self, id: u64) -> Option<&str> {
+        self.groups
+            .iter()
+            .find(|g| g.id == id)
+            .map(|g| g.name.as_str())
+    }
+
+    fn scale_set(&self, tenant: u32, id: u64) -> Result<&ScaleSet, ServiceError> {
+        self.scale_sets
+            .get(&id)
+            .filter(|s| s.tenant == tenant)
+            .ok_or(ServiceError::ScaleSetNotFound { id })
+    }
+
+    pub(crate) fn statistics(&self, scale_set: u64) -> Statistics {
+        let mut stats = Statistics::default();
+        for job in self
+            .jobs
+            .values()
+            .filter(|j| j.scale_set == Some(scale_set))
+        {
+            match job.phase {
+                JobPhase::Available => stats.total_available_jobs += 1,
+                JobPhase::Acquired => {
+                    stats.total_acquired_jobs += 1;
+                    stats.total_assigned_jobs += 1;
+                }
+                JobPhase::Assigned => stats.total_assigned_jobs += 1,
+                JobPhase::Running => {
+                    stats.total_assigned_jobs += 1;
+                    stats.total_running_jobs += 1;
+                }
+                JobPhase::Queued | JobPhase::Finished => {}
+            }
+        }
+        for runner in self.runners.values().filter(|r| r.scale_set == scale_set) {
+            stats.total_registered_runners += 1;
+            if runner.job.is_some() {
+                stats.total_busy_runners += 1;
+            } else if runner.online {
+                stats.total_idle_runners += 1;
+            }
+        }
+        stats
+    }
+
+    fn scale_set_json(&self, set: &ScaleSet) -> Value {
+        json!({
+            "id": set.id,
+            "name": set.name,
+            "runnerGroupId": set.group_id,
+            "runnerGroupName": self.group_name(set.group_id).unwrap_or_default(),
+            "labels": set.labels,
+            "RunnerSetting": set.runner_setting,
+            "createdOn": set.created_on,
+            "runnerJitConfigUrl": format!(
+                "{}/tenant/{}/_apis/runtime/runnerscalesets/{}/generatejitconfig",
+                self.settings.base_url, set.tenant, set.id
+            ),
+            "statistics": self.statistics(set.id),
+        })
+    }
+
+    pub(crate) fn get_scale_set(&self, tenant: u32, id: u64) -> Result<Value, ServiceError> {
+        Ok(self.scale_set_json(self.scale_set(tenant, id)?))
+    }
+
+    pub(crate) fn scale_sets_by_name(&self, tenant: u32, group: Option<u64>, name: &str) -> Value {
+        let value: Vec<Value> = self
+            .scale_sets
+            .values()
+            .filter(|s| s.tenant == tenant && s.name == name)
+            .filter(|s| group.is_none_or(|g| s.group_id == g))
+            .map(|s| self.scale_set_json(s))
+            .collect();
+        json!({"count": value.len(), "value": value})
+    }
+
+    pub(crate) fn create_scale_set(
+        &mut self,
+        tenant: u32,
+        request: ScaleSetRequest,
+    ) -> Result<Value, ServiceError> {
+        let name = request
+            .name
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| ServiceError::BadRequest("a scale set needs a name".into()))?;
+        let group_id = request.runner_group_id.unwrap_or(1);
+        if self.group_name(group_id).is_none() {
+            return Err(ServiceError::BadRequest(format!(
+                "runner group {group_id} does not exist"
+            )));
+        }
+        if self
+            .scale_sets
+            .values()
+            .any(|s| s.tenant == tenant && s.group_id == group_id && s.name == name)
+        {
+            return Err(ServiceError::ScaleSetExists {
+                name,
+                group: group_id,
+            });
+        }
+        let id = self.id();
+        let set = ScaleSet {
+            id,
+            tenant,
+            name,
+            group_id,
+            labels: request.labels.unwrap_or_default(),
+            runner_setting: request.runner_setting.unwrap_or_else(|| json!({})),
+            created_on: now_rfc3339(),
+            session: None,
+            pending: VecDeque::new(),
+            messages: BTreeMap::new(),
+        };
+        self.scale_sets.insert(id, set);
+        self.route_queued_jobs();
+        Ok(self.scale_set_json(&self.scale_sets[&id]))
+    }
+
+    pub(crate) fn update_scale_set(
+        &mut self,
+        tenant: u32,
+        id: u64,
+        request: ScaleSetRequest,
+    ) -> Result<Value, ServiceError> {
+        self.scale_set(tenant, id)?;
+        if let Some(group) = request.runner_group_id
+            && self.group_name(group).is_none()
+        {
+            return Err(ServiceError::BadRequest(format!(
+                "runner group {group} does not exist"
+            )));
+        }
+        let set = self
+            .scale_sets
+            .get_mut(&id)
+            .ok_or(ServiceError::ScaleSetNotFound { id })?;
+        if let Some(name) = request.name.filter(|n| !n.is_empty()) {
+            set.name = name;
+        }
+        if let Some(group) = request.runner_group_id {
+            set.group_id = group;
+        }
+        if let Some(labels) = request.labels {
+            set.labels = labels;
+        }
+        if let Some(setting) = request.runner_setting {
+            set.runner_setting = setting;
+        }
+        self.route_queued_jobs();
+        Ok(self.scale_set_json(&self.scale_sets[&id]))
+    }
+
+    /// Deletes a scale set: refused while its runners hold jobs; otherwise
+    /// its session ends, its remaining registrations go with it, and its
+    /// unfinished jobs wait for another matching set.
+    pub(crate) fn delete_scale_set(&mut self, tenant: u32, id: u64) -> Result<(), ServiceError> {
+        self.scale_set(tenant, id)?;
+        if self
+            .runners
+            .values()
+            .any(|r| r.scale_set == id && r.job.is_some())
+        {
+            return Err(ServiceError::ScaleSetHasAssignedJobs { id });
+        }
+        let set = self
+            .scale_sets
+            .remove(&id)
+            .ok_or(ServiceError::ScaleSetNotFound { id })?;
+        if let Some(session) = set.session {
+            self.end_session(&session, false);
+        }
+        let gone: Vec<u64> = self
+            .runners
+            .values()
+            .filter(|r| r.scale_set == id)
+            .map(|r| r.id)
+            .collect();
+        for runner in gone {
+            self.runners.remove(&runner);
+            self.ledger.runners_removed += 1;
+            self.ledger.removed_with_scale_set += 1;
+        }
+        for job in self.jobs.values_mut() {
+            if job.scale_set == Some(id) && job.phase != JobPhase::Finished {
+                job.phase = JobPhase::Queued;
+                job.scale_set = None;
+            }
+        }
+        self.route_queued_jobs();
+        Ok(())
+    }
+
+    // ----- runners -----------------------------------------------------------
+
+    pub(crate) fn generate_jit_config(
+        &mut self,
+        tenant: u32,
+        scale_set: u64,
+        name: &str,
+    ) -> Result<Value, ServiceError> {
+        self.scale_set(tenant, scale_set)?;
+        if name.is_empty() {
+            return Err(ServiceError::BadRequest("a runner needs a name".into()));
+        }
+        if self
+            .runners
+            .values()
+            .any(|r| r.tenant == tenant && r.name == name)
+        {
+            self.ledger.duplicate_runner_names += 1;
+            return Err(ServiceError::AgentExists {
+                name: name.to_owned(),
+            });
+        }
+        let id = self.id();
+        let secret = random_token("");
+        let config = JitConfig {
+            runner_id: id,
+            runner_name: name.to_owned(),
+            scale_set_id: scale_set,
+            service_url: self.settings.base_url.clone(),
+            secret: secret.clone(),
+        };
+        self.runners.insert(
+            id,
+            Runner {
+                id,
+                name: name.to_owned(),
+                tenant,
+                scale_set,
+                secret,
+                online: false,
+                job: None,
+            },
+        );
+        self.ledger.runners_created += 1;
+        Ok(json!({
+            "runner": self.runner_json(&self.runners[&id]),
+            "encodedJITConfig": config.encode(),
+        }))
+    }
+
+    fn runner_json(&self, runner: &Runner) -> Value {
+        json!({
+            "id": runner.id,
+            "name": runner.name,
+            "runnerScaleSetId": runner.scale_set,
+            "status": if runner.online { "online" } else { "offline" },
+            "busy": runner.job.is_some(),
+        })
+    }
+
+    pub(crate) fn get_runner(&self, tenant: u32, id: u64) -> Result<Value, ServiceError> {
+        self.runners
+            .get(&id)
+            .filter(|r| r.tenant == tenant)
+            .map(|r| self.runner_json(r))
+            .ok_or(ServiceError::AgentNotFound { id })
+    }
+
+    pub(crate) fn runners_by_name(&self, tenant: u32, name: &str) -> Value {
+        let value: Vec<Value> = self
+            .runners
+            .values()
+            .filter(|r| r.tenant == tenant && r.name == name)
+            .map(|r| self.runner_json(r))
+            .collect();
+        json!({"count": value.len(), "value": value})
+    }
+
+    /// `DELETE agents/{id}`.
+    pub(crate) fn remove_runner(&mut self, tenant: u32, id: u64) -> Result<Removal, ServiceError> {
+        let Some(runner) = self.runners.get(&id).filter(|r| r.tenant == tenant) else {
+            self.ledger.remove_calls_for_absent_runners += 1;
+            return Ok(Removal::AlreadyGone);
+        };
+        if let Some(job) = runner.job
+            && self.jobs.get(&job).map(|j| j.phase) == Some(JobPhase::Running)
+        {
+            self.ledger.remove_calls_refused_job_running += 1;
+            return Err(ServiceError::JobStillRunning { id, job });
+        }
+        self.drop_job_of(id);
+        self.runners.remove(&id);
+        self.ledger.runners_removed += 1;
+        self.ledger.removed_by_api += 1;
+        Ok(Removal::Removed)
+    }
+
+    /// The runner a JIT config names, if the config's secret is right.
+    fn runner_for(&self, config: &JitConfig) -> Result<u64, ServiceError> {
+        match self.runners.get(&config.runner_id) {
+            Some(r) if r.secret == config.secret => Ok(r.id),
+            Some(_) => Err(ServiceError::InvalidCredentials),
+            None => Err(ServiceError::AgentNotFound {
+                id: config.runner_id,
+            }),
+        }
+    }
+
+    /// A runner presents its JIT config: it is online and, if its scale set
+    /// has acquired work waiting, gets a job assigned.
+    pub(crate) fn connect(&mut self, config: &JitConfig) -> Result<Value, ServiceError> {
+        let id = self.runner_for(config)?;
+        let runner = self
+            .runners
+            .get_mut(&id)
+            .ok_or(ServiceError::AgentNotFound { id })?;
+        runner.online = true;
+        let scale_set = runner.scale_set;
+        let answer = json!({"runnerId": id, "runnerName": runner.name, "scaleSetId": scale_set});
+        self.dispatch(scale_set);
+        Ok(answer)
+    }
+
+    /// A runner asks for its job: an assigned job starts (`JobStarted`) and is
+    /// returned; a job already started is returned again (the runner's
+    /// request may have been retried). `None` means nothing is assigned yet.
+    pub(crate) fn take_job(
+        &mut self,
+        config: &JitConfig,
+    ) -> Result<Option<RunnerJob>, ServiceError> {
+        let id = self.runner_for(config)?;
+        let runner = &self.runners[&id];
+        if !runner.online {
+            return Err(ServiceError::BadRequest(format!(
+                "runner {id} has not connected"
+            )));
+        }
+        let Some(job_id) = runner.job else {
+            return Ok(None);
+        };
+        let runner_name = runner.name.clone();
+        let job = self
+            .jobs
+            .get_mut(&job_id)
+            .ok_or_else(|| ServiceError::BadRequest(format!("job {job_id} is gone")))?;
+        let handed = RunnerJob {
+            runner_request_id: job.id,
+            display_name: display_name(job.id),
+            duration_ms: u64::try_from(job.duration.as_millis()).unwrap_or(u64::MAX),
+            outcome: job.outcome,
+        };
+        if job.phase == JobPhase::Assigned {
+            job.phase = JobPhase::Running;
+            let scale_set = job.scale_set;
+            let item = self.job_message(
+                job_id,
+                "JobStarted",
+                json!({"runnerId": id, "runnerName": runner_name}),
+            );
+            if let Some(set) = scale_set {
+                self.post(set, item);
+            }
+        }
+        Ok(Some(handed))
+    }
+
+    /// A runner reports its job done: `JobCompleted` with the job's result,
+    /// and the ephemeral runner's registration is removed.
+    pub(crate) fn complete(&mut self, config: &JitConfig) -> Result<Value, ServiceError> {
+        let id = self.runner_for(config)?;
+        let runner = &self.runners[&id];
+        let job_id = runner
+            .job
+            .filter(|j| self.jobs.get(j).map(|j| j.phase) == Some(JobPhase::Running))
+            .ok_or_else(|| ServiceError::BadRequest(format!("runner {id} is not running a job")))?;
+        let runner_name = runner.name.clone();
+        let (result, scale_set) = {
+            let job = self
+                .jobs
+                .get_mut(&job_id)
+                .ok_or_else(|| ServiceError::BadRequest(format!("job {job_id} is gone")))?;
+            let result = job.outcome.result();
+            job.phase = JobPhase::Finished;
+            job.result = Some(result);
+            (job.outcome, job.scale_set)
+        };
+        match result {
+            JobOutcome::Succeeded => self.ledger.jobs_succeeded += 1,
+            JobOutcome::Failed => self.ledger.jobs_failed += 1,
+            JobOutcome::Cancelled => self.ledger.jobs_cancelled += 1,
+        }
+        let item = self.job_message(
+            job_id,
+            "JobCompleted",
+            json!({"result": result.result(), "runnerId": id, "runnerName": runner_name,
+                   "finishTime": now_rfc3339()}),
+        );
+        if let Some(set) = scale_set {
+            self.post(set, item);
+        }
+        self.runners.remove(&id);
+        self.ledger.runners_removed += 1;
+        self.ledger.self_deregistered += 1;
+        Ok(json!({"result": result.result()}))
+    }
+
+    /// The runner's pod went away: it is offline, and the job it held, if
+    /// any, is cancelled (and requeued per policy). Its registration stays,
+    /// as it does in the real service until someone removes it.
+    pub(crate) fn vanish(&mut self, config: &JitConfig) -> Result<(), ServiceError> {
+        let id = self.runner_for(config)?;
+        if let Some(runner) = self.runners.get_mut(&id) {
+            runner.online = false;
+        }
+        self.drop_job_of(id);
+        Ok(())
+    }
+
+    /// Takes the job a runner holds away from it, cancelling it.
+    fn drop_job_of(&mut self, runner_id: u64) {
+        let Some(runner) = self.runners.get_mut(&runner_id) else {
+            return;
+        };
+        let Some(job_id) = runner.job.take() else {
+            return;
+        };
+        let runner_name = runner.name.clone();
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return;
+        };
+        if job.phase == JobPhase::Finished {
+            return;
+        }
+        self.ledger.jobs_cancelled_runner_vanished += 1;
+        let requeue = self.settings.vanished_jobs == VanishedJobPolicy::Requeue
+            && job.requeues < MAX_REQUEUES;
+        let scale_set = job.scale_set;
+        job.runner = None;
+        if requeue {
+            job.requeues += 1;
+            job.phase = JobPhase::Available;
+            self.ledger.jobs_requeued += 1;
+        } else {
+            job.phase = JobPhase::Finished;
+            job.result = Some("canceled");
+            self.ledger.jobs_cancelled += 1;
+        }
+        let completed = self.job_message(
+            job_id,
+            "JobCompleted",
+            json!({"result": "canceled", "runnerId": runner_id, "runnerName": runner_name,
+                   "finishTime": now_rfc3339()}),
+        );
+        if let Some(set) = scale_set {
+            self.post(set, completed);
+            if requeue {
+                let available = self.available_message(job_id);
+                self.post(set, available);
+            }
+        }
+    }
+
+    // ----- jobs -----------------------------------------------------------
+
+    pub(crate) fn enqueue(&mut self, spec: &JobSpec) -> Vec<u64> {
+        let mut ids = Vec::with_capacity(spec.count as usize);
+        for _ in 0..spec.count {
+            let id = self.id();
+            self.jobs.insert(
+                id,
+                Job {
+                    id,
+                    labels: spec.labels.clone(),
+                    duration: spec.duration,
+                    outcome: spec.outcome,
+                    repository: spec.repository.clone(),
+                    job_id: random_uuid(),
+                    queue_time: now_rfc3339(),
+                    phase: JobPhase::Queued,
+                    scale_set: None,
+                    runner: None,
+                    result: None,
+                    requeues: 0,
+                },
+            );
+            self.ledger.jobs_enqueued += 1;
+            ids.push(id);
+        }
+        self.route_queued_jobs();
+        ids
+    }
+
+    /// Offers every queued job to the first scale set that matches it.
+    fn route_queued_jobs(&mut self) {
+        let queued: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.phase == JobPhase::Queued)
+            .map(|j| j.id)
+            .collect();
+        for job_id in queued {
+            let labels = &self.jobs[&job_id].labels;
+            let Some(set) = self
+                .scale_sets
+                .values()
+                .find(|s| s.matches(labels))
+                .map(|s| s.id)
+            else {
+                continue;
+            };
+            if let Some(job) = self.jobs.get_mut(&job_id) {
+                job.phase = JobPhase::Available;
+                job.scale_set = Some(set);
+            }
+            let item = self.available_message(job_id);
+            self.post(set, item);
+        }
+    }
+
+    /// `acquirejobs`: the listener takes the available jobs it names; the
+    /// answer lists those it got (others may be gone or taken).
+    pub(crate) fn acquire(&mut self, scale_set: u64, ids: &[u64]) -> Vec<u64> {
+        let mut acquired = Vec::new();
+        for id in ids {
+            if let Some(job) = self.jobs.get_mut(id)
+                && job.scale_set == Some(scale_set)
+                && job.phase == JobPhase::Available
+            {
+                job.phase = JobPhase::Acquired;
+                acquired.push(*id);
+            }
+        }
+        self.dispatch(scale_set);
+        acquired
+    }
+
+    /// Assigns acquired jobs of a scale set, oldest first, to its online idle
+    /// runners, lowest id first.
+    fn dispatch(&mut self, scale_set: u64) {
+        loop {
+            let Some(job_id) = self
+                .jobs
+                .values()
+                .find(|j| j.scale_set == Some(scale_set) && j.phase == JobPhase::Acquired)
+                .map(|j| j.id)
+            else {
+                return;
+            };
+            let Some(runner) = self
+                .runners
+                .values_mut()
+                .find(|r| r.scale_set == scale_set && r.online && r.job.is_none())
+            else {
+                return;
+            };
+            runner.job = Some(job_id);
+            let (runner_id, runner_name) = (runner.id, runner.name.clone());
+            if let Some(job) = self.jobs.get_mut(&job_id) {
+                job.phase = JobPhase::Assigned;
+                job.runner = Some(runner_id);
+            }
+            let item = self.job_message(
+                job_id,
+                "JobAssigned",
+                json!({"runnerId": runner_id, "runnerName": runner_name,
+                       "runnerAssignTime": now_rfc3339()}),
+            );
+            self.post(scale_set, item);
+        }
+    }
+
+    /// The common fields of every job message, plus `extra`.
+    fn job_message(&self, job_id: u64, kind: &str, extra: Value) -> Value {
+        let Some(job) = self.jobs.get(&job_id) else {
+            return json!({"messageType": kind, "runnerRequestId": job_id});
+        };
+        let owner = job
+            .scale_set
+            .and_then(|s| self.scale_sets.get(&s))
+            .and_then(|s| s.tenant.checked_sub(1))
+            .and_then(|i| self.tenants.get(i as usize))
+            .map_or("octo-org", |t| t.owner.as_str());
+        let repository = job
+            .repository
+            .clone()
+            .unwrap_or_else(|| format!("{owner}/app"));
+        let (owner_name, repo_name) = repository
+            .split_once('/')
+            .map_or((owner.to_owned(), repository.clone()), |(o, r)| {
+                (o.to_owned(), r.to_owned())
+            });
+        let mut message = json!({
+            "messageType": kind,
+            "runnerRequestId": job.id,
+            "repositoryName": repo_name,
+            "ownerName": owner_name,
+            "jobId": job.job_id,
+            "jobWorkflowRef": format!("{owner_name}/{repo_name}/.github/workflows/ci.yml@refs/heads/main"),
+            "jobDisplayName": display_name(job.id),
+            "workflowRunId": job.id + 500_000,
+            "eventName": "push",
+            "requestLabels": job.labels,
+            "queueTime": job.queue_time,
+        });
+        if let (Some(map), Value::Object(extra)) = (message.as_object_mut(), extra) {
+            map.extend(extra);
+        }
+        message
+    }
+
+    fn available_message(&self, job_id: u64) -> Value {
+        let set = self.jobs.get(&job_id).and_then(|j| j.scale_set);
+        let tenant = set
+            .and_then(|s| self.scale_sets.get(&s))
+            .map_or(0, |s| s.tenant);
+        self.job_message(
+            job_id,
+            "JobAvailable",
+            json!({
+                "acquireJobUrl": format!(
+                    "{}/tenant/{tenant}/_apis/runtime/runnerscalesets/{}/acquirejobs",
+                    self.settings.base_url, set.unwrap_or_default()
+                ),
+                "scaleSetAssignTime": now_rfc3339(),
+            }),
+        )
+    }
+
+    /// Appends a job message to a scale set's queue.
+    fn post(&mut self, scale_set: u64, item: Value) {
+        if let Some(set) = self.scale_sets.get_mut(&scale_set) {
+            set.pending.push_back(item);
+        }
+    }
+
+    pub(crate) fn jobs(&self) -> Vec<JobSnapshot> {
+        self.jobs
+            .values()
+            .map(|j| JobSnapshot {
+                id: j.id,
+                labels: j.labels.clone(),
+                phase: j.phase,
+                scale_set_id: j.scale_set,
+                runner_id: j.runner,
+                result: j.result.map(str::to_owned),
+                requeues: j.requeues,
+            })
+            .collect()
+    }
+
+    pub(crate) fn runners(&self) -> Vec<RunnerSnapshot> {
+        self.runners
+            .values()
+            .map(|r| RunnerSnapshot {
+                id: r.id,
+                name: r.name.clone(),
+                scale_set_id: r.scale_set,
+                online: r.online,
+                job_id: r.job,
+            })
+            .collect()
+    }
+
+    pub(crate) fn scale_set_summaries(&self) -> Vec<ScaleSetSnapshot> {
+        self.scale_sets
+            .values()
+            .map(|s| ScaleSetSnapshot {
+                id: s.id,
+                name: s.name.clone(),
+                runner_group_id: s.group_id,
+                labels: s.labels.iter().map(|l| l.name.clone()).collect(),
+                session_active: s.session.is_some(),
+                statistics: self.statistics(s.id),
+            })
+            .collect()
+    }
+
+    // ----- sessions and the message queue ----------------------------------
+
+    pub(crate) fn create_session(
+        &mut self,
+        tenant: u32,
+        scale_set: u64,
+        owner: &str,
+    ) -> Result<Value, ServiceError> {
+        let set = self.scale_set(tenant, scale_set)?;
+        if set.session.is_some() {
+            return Err(ServiceError::SessionConflict { id: scale_set });
+        }
+        let id = random_uuid();
+        let queue_token = random_token("");
+        self.queue_tokens
+            .insert(queue_token.clone(), (id.clone(), false));
+        self.sessions.insert(
+            id.clone(),
+            Session {
+                id: id.clone(),
+                scale_set,
+                owner: owner.to_owned(),
+                queue_token,
+            },
+        );
+        if let Some(set) = self.scale_sets.get_mut(&scale_set) {
+            set.session = Some(id.clone());
+        }
+        // A new listener must learn of jobs still on offer whose
+        // announcements an earlier listener consumed.
+        let announced: HashSet<u64> = {
+            let set = &self.scale_sets[&scale_set];
+            set.pending
+                .iter()
+                .chain(set.messages.values().flatten())
+                .filter(|m| m["messageType"] == "JobAvailable")
+                .filter_map(|m| m["runnerRequestId"].as_u64())
+                .collect()
+        };
+        let unannounced: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.scale_set == Some(scale_set) && j.phase == JobPhase::Available)
+            .filter(|j| !announced.contains(&j.id))
+            .map(|j| j.id)
+            .collect();
+        for job in unannounced {
+            let item = self.available_message(job);
+            self.post(scale_set, item);
+        }
+        self.session_json(&id)
+    }
+
+    fn session_json(&self, id: &str) -> Result<Value, ServiceError> {
+        let session = self
+            .sessions
+            .get(id)
+            .ok_or_else(|| ServiceError::SessionNotFound(id.to_owned()))?;
+        let set =
+            self.scale_sets
+                .get(&session.scale_set)
+                .ok_or(ServiceError::ScaleSetNotFound {
+                    id: session.scale_set,
+                })?;
+        Ok(json!({
+            "sessionId": session.id,
+            "ownerName": session.owner,
+            "runnerScaleSet": self.scale_set_json(set),
+            "messageQueueUrl": format!("{}/broker/{}/messages", self.settings.base_url, session.id),
+            "messageQueueAccessToken": session.queue_token,
+            "statistics": self.statistics(set.id),
+        }))
+    }
+
+    fn session_of(&self, tenant: u32, scale_set: u64, id: &str) -> Result<(), ServiceError> {
+        self.scale_set(tenant, scale_set)?;
+        match self.sessions.get(id) {
+            Some(s) if s.scale_set == scale_set => Ok(()),
+            Some(_) | None if self.expired_sessions.contains(id) => {
+                Err(ServiceError::SessionExpired(id.to_owned()))
+            }
+            _ => Err(ServiceError::SessionNotFound(id.to_owned())),
+        }
+    }
+
+    /// `PATCH sessions/{id}`: a new queue token; the old one stops working.
+    pub(crate) fn refresh_session(
+        &mut self,
+        tenant: u32,
+        scale_set: u64,
+        id: &str,
+    ) -> Result<Value, ServiceError> {
+        self.session_of(tenant, scale_set, id)?;
+        let token = random_token("");
+        if let Some(session) = self.sessions.get_mut(id) {
+            let old = std::mem::replace(&mut session.queue_token, token.clone());
+            self.queue_tokens.remove(&old);
+        }
+        self.queue_tokens.insert(token, (id.to_owned(), false));
+        self.session_json(id)
+    }
+
+    pub(crate) fn delete_session(
+        &mut self,
+        tenant: u32,
+        scale_set: u64,
+        id: &str,
+    ) -> Result<(), ServiceError> {
+        self.scale_set(tenant, scale_set)?;
+        if self
+            .sessions
+            .get(id)
+            .is_some_and(|s| s.scale_set == scale_set)
+        {
+            self.end_session(id, false);
+        }
+        Ok(())
+    }
+
+    /// Ends a session; `expired` ones answer "expired" afterwards rather than
+    /// "not found", as a session the service timed out does.
+    fn end_session(&mut self, id: &str, expired: bool) {
+        if let Some(session) = self.sessions.remove(id) {
+            self.queue_tokens.remove(&session.queue_token);
+            if let Some(set) = self.scale_sets.get_mut(&session.scale_set)
+                && set.session.as_deref() == Some(id)
+            {
+                set.session = None;
+            }
+        }
+        if expired {
+            self.expired_sessions.insert(id.to_owned());
+        }
+    }
+
+    /// Control: the service drops the scale set's session, as it does when it
+    /// loses track of a listener. Returns whether there was one.
+    pub(crate) fn drop_session(&mut self, scale_set: u64) -> bool {
+        let Some(id) = self
+            .scale_sets
+            .get(&scale_set)
+            .and_then(|s| s.session.clone())
+        else {
+            return false;
+        };
+        self.end_session(&id, true);
+        true
+    }
+
+    pub(crate) fn expire_queue_tokens(&mut self) {
+        for (_, expired) in self.queue_tokens.values_mut() {
+            *expired = true;
+        }
+    }
+
+    /// The session (and its scale set) a queue token belongs to.
+    pub(crate) fn check_queue_token(&self, token: &str) -> Result<(String, u64), ServiceError> {
+        match self.queue_tokens.get(token) {
+            Some((_, true)) => Err(ServiceError::TokenExpired),
+            Some((session, false)) => {
+                let scale_set = self
+                    .sessions
+                    .get(session)
+                    .map(|s| s.scale_set)
+                    .ok_or(ServiceError::InvalidCredentials)?;
+                Ok((session.clone(), scale_set))
+            }
+            None => Err(ServiceError::InvalidCredentials),
+        }
+    }
+
+    /// The next message for a session: the first undeleted message after
+    /// `last_id` (so unacknowledged messages are delivered again), else a new
+    /// message batching up to `max_batch` pending job messages, else `None`.
+    pub(crate) fn next_message(&mut self, scale_set: u64, last_id: u64) -> Option<Value> {
+        let max_batch = self.settings.max_batch.max(1);
+        let redelivery = {
+            let set = self.scale_sets.get(&scale_set)?;
+            set.messages
+                .range(last_id.saturating_add(1)..)
+                .next()
+                .map(|(id, _)| *id)
+        };
+        let id = match redelivery {
+            Some(id) => id,
+            None => {
+                if self.scale_sets.get(&scale_set)?.pending.is_empty() {
+                    return None;
+                }
+                let id = self.id();
+                let set = self.scale_sets.get_mut(&scale_set)?;
+                let take = set.pending.len().min(max_batch);
+                let batch: Vec<Value> = set.pending.drain(..take).collect();
+                set.messages.insert(id, batch);
+                id
+            }
+        };
+        let body = serde_json::to_string(&self.scale_sets.get(&scale_set)?.messages[&id])
+            .unwrap_or_default();
+        Some(json!({
+            "messageId": id,
+            "messageType": "RunnerScaleSetJobMessages",
+            "body": body,
+            "statistics": self.statistics(scale_set),
+        }))
+    }
+
+    /// Acknowledges a message; deleting an unknown id is not an error.
+    pub(crate) fn delete_message(&mut self, scale_set: u64, id: u64) {
+        if let Some(set) = self.scale_sets.get_mut(&scale_set) {
+            set.messages.remove(&id);
+        }
+    }
+}
+
+/// The body of create/update scale set; absent fields are left alone on update.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ScaleSetRequest {
+    name: Option<String>,
+    runner_group_id: Option<u64>,
+    labels: Option<Vec<Label>>,
+    #[serde(rename = "RunnerSetting")]
+    runner_setting: Option<Value>,
+}
+
+fn display_name(job: u64) -> String {
+    format!("build-{job}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(policy: VanishedJobPolicy) -> State {
+        State::new(StateSettings {
+            base_url: "http://fake".into(),
+            vanished_jobs: policy,
+            max_batch: 50,
+            extra_runner_groups: vec!["gpu".into()],
+        })
+    }
+
+    /// A tenant and a scale set with labels, ready for jobs.
+    fn with_scale_set(s: &mut State, labels: &[&str]) -> (u32, u64) {
+        let (token, _) = s.issue_registration_token("/org".into(), 60);
+        let tenant = s.register(&token, "http://fake/org").unwrap();
+        let labels = labels
+            .iter()
+            .map(|l| Label {
+                kind: "System".into(),
+                name: (*l).into(),
+            })
+            .collect();
+        let set = s
+            .create_scale_set(
+                tenant,
+                ScaleSetRequest {
+                    name: Some("set".into()),
+                    labels: Some(labels),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        (tenant, set["id"].as_u64().unwrap())
+    }
+
+    fn jit(s: &mut State, tenant: u32, set: u64, name: &str) -> JitConfig {
+        let v = s.generate_jit_config(tenant, set, name).unwrap();
+        JitConfig::decode(v["encodedJITConfig"].as_str().unwrap()).unwrap()
+    }
+
+    fn kinds(message: &Value) -> Vec<String> {
+        let body: Vec<Value> = serde_json::from_str(message["body"].as_str().unwrap()).unwrap();
+        body.iter()
+            .map(|m| m["messageType"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_job_walks_its_whole_life_and_the_statistics_follow() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (tenant, set) = with_scale_set(&mut s, &["linux"]);
+        let ids = s.enqueue(&JobSpec::new(1, &["linux"]));
+        assert_eq!(s.statistics(set).total_available_jobs, 1);
+        let m = s.next_message(set, 0).unwrap();
+        assert_eq!(kinds(&m), ["JobAvailable"]);
+        s.delete_message(set, m["messageId"].as_u64().unwrap());
+
+        assert_eq!(s.acquire(set, &ids), ids);
+        assert_eq!(s.acquire(set, &ids), Vec::<u64>::new(), "acquire is once");
+        assert_eq!(s.statistics(set).total_assigned_jobs, 1);
+
+        let config = jit(&mut s, tenant, set, "r1");
+        s.connect(&config).unwrap();
+        let stats = s.statistics(set);
+        assert_eq!((stats.total_busy_runners, stats.total_idle_runners), (1, 0));
+        let job = s.take_job(&config).unwrap().unwrap();
+        assert_eq!(job.runner_request_id, ids[0]);
+        assert_eq!(s.statistics(set).total_running_jobs, 1);
+        assert!(matches!(
+            s.remove_runner(tenant, config.runner_id),
+            Err(ServiceError::JobStillRunning { .. })
+        ));
+        s.complete(&config).unwrap();
+
+        let m2 = s
+            .next_message(set, m["messageId"].as_u64().unwrap())
+            .unwrap();
+        assert_eq!(kinds(&m2), ["JobAssigned", "JobStarted", "JobCompleted"]);
+        let ledger = s.ledger();
+        assert_eq!(ledger.jobs_succeeded, 1);
+        assert_eq!(ledger.self_deregistered, 1);
+        assert_eq!(ledger.still_registered, 0);
+        assert_eq!(
+            s.remove_runner(tenant, config.runner_id),
+            Ok(Removal::AlreadyGone)
+        );
+    }
+
+    #[test]
+    fn removing_a_runner_with_an_assigned_job_cancels_and_requeues_it() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (tenant, set) = with_scale_set(&mut s, &[]);
+        let ids = s.enqueue(&JobSpec::new(1, &[]));
+        s.acquire(set, &ids);
+        let config = jit(&mut s, tenant, set, "r1");
+        s.connect(&config).unwrap();
+        assert_eq!(
+            s.remove_runner(tenant, config.runner_id),
+            Ok(Removal::Removed)
+        );
+        let ledger = s.ledger();
+        assert_eq!(ledger.jobs_cancelled_runner_vanished, 1);
+        assert_eq!(ledger.jobs_requeued, 1);
+        assert_eq!(s.jobs()[0].phase, JobPhase::Available);
+        let m = s.next_message(set, 0).unwrap();
+        assert_eq!(
+            kinds(&m),
+            [
+                "JobAvailable",
+                "JobAssigned",
+                "JobCompleted",
+                "JobAvailable"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_vanished_runner_cancels_its_job_for_good_under_the_cancel_policy() {
+        let mut s = state(VanishedJobPolicy::Cancel);
+        let (tenant, set) = with_scale_set(&mut s, &[]);
+        let ids = s.enqueue(&JobSpec::new(1, &[]));
+        s.acquire(set, &ids);
+        let config = jit(&mut s, tenant, set, "r1");
+        s.connect(&config).unwrap();
+        s.take_job(&config).unwrap().unwrap();
+        s.vanish(&config).unwrap();
+        let ledger = s.ledger();
+        assert_eq!(ledger.jobs_cancelled, 1);
+        assert_eq!(ledger.jobs_cancelled_runner_vanished, 1);
+        assert_eq!(
+            ledger.still_registered, 1,
+            "a vanished runner stays registered"
+        );
+        // Now idle and offline, it can be removed.
+        assert_eq!(
+            s.remove_runner(tenant, config.runner_id),
+            Ok(Removal::Removed)
+        );
+    }
+
+    #[test]
+    fn requeues_stop_after_the_limit() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (tenant, set) = with_scale_set(&mut s, &[]);
+        let ids = s.enqueue(&JobSpec::new(1, &[]));
+        for round in 0..=MAX_REQUEUES {
+            s.acquire(set, &ids);
+            let config = jit(&mut s, tenant, set, &format!("r{round}"));
+            s.connect(&config).unwrap();
+            s.vanish(&config).unwrap();
+        }
+        let ledger = s.ledger();
+        assert_eq!(ledger.jobs_requeued, u64::from(MAX_REQUEUES));
+        assert_eq!(ledger.jobs_cancelled, 1);
+        assert_eq!(ledger.jobs_unfinished, 0);
+    }
+
+    #[test]
+    fn jobs_wait_for_a_matching_scale_set() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (_, set) = with_scale_set(&mut s, &["linux"]);
+        s.enqueue(&JobSpec::new(2, &["linux", "gpu"]));
+        assert!(s.jobs().iter().all(|j| j.phase == JobPhase::Queued));
+        assert!(s.next_message(set, 0).is_none());
+        let labels = ["linux", "gpu"]
+            .iter()
+            .map(|l| Label {
+                kind: "System".into(),
+                name: (*l).into(),
+            })
+            .collect();
+        s.update_scale_set(
+            1,
+            set,
+            ScaleSetRequest {
+                labels: Some(labels),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(s.jobs().iter().all(|j| j.phase == JobPhase::Available));
+    }
+
+    #[test]
+    fn messages_batch_at_most_the_limit_and_redeliver_until_deleted() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (_, set) = with_scale_set(&mut s, &[]);
+        s.enqueue(&JobSpec::new(120, &[]));
+        let first = s.next_message(set, 0).unwrap();
+        let id1 = first["messageId"].as_u64().unwrap();
+        assert_eq!(kinds(&first).len(), 50);
+        // Not deleted: asked again from 0, the same message comes back.
+        assert_eq!(s.next_message(set, 0).unwrap()["messageId"], id1);
+        let second = s.next_message(set, id1).unwrap();
+        let id2 = second["messageId"].as_u64().unwrap();
+        assert!(id2 > id1);
+        let third = s.next_message(set, id2).unwrap();
+        assert_eq!(kinds(&third).len(), 20);
+        assert!(
+            s.next_message(set, third["messageId"].as_u64().unwrap())
+                .is_none()
+        );
+        s.delete_message(set, id1);
+        assert_eq!(s.next_message(set, 0).unwrap()["messageId"], id2);
+    }
+
+    #[test]
+    fn faults_are_consumed_per_call() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        s.inject(Fault::new(Endpoint::GetRunner, FaultKind::status(500), 2));
+        assert_eq!(s.enter(Endpoint::GetRunner), Some(FaultKind::status(500)));
+        assert_eq!(s.enter(Endpoint::RemoveRunner), None);
+        assert_eq!(s.enter(Endpoint::GetRunner), Some(FaultKind::status(500)));
+        assert_eq!(s.enter(Endpoint::GetRunner), None);
+        let counters = s.counters();
+        assert_eq!(counters.calls(Endpoint::GetRunner), 3);
+        assert_eq!(counters.faults(Endpoint::GetRunner), 2);
+        assert_eq!(counters.calls(Endpoint::RemoveRunner), 1);
+    }
+
+    #[test]
+    fn sessions_are_one_per_scale_set_and_a_dropped_one_reads_as_expired() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (tenant, set) = with_scale_set(&mut s, &[]);
+        let session = s.create_session(tenant, set, "a").unwrap();
+        let id = session["sessionId"].as_str().unwrap().to_owned();
+        assert_eq!(
+            s.create_session(tenant, set, "b"),
+            Err(ServiceError::SessionConflict { id: set })
+        );
+        let token = session["messageQueueAccessToken"].as_str().unwrap();
+        assert_eq!(s.check_queue_token(token).unwrap().1, set);
+        assert!(s.drop_session(set));
+        assert_eq!(
+            s.check_queue_token(token),
+            Err(ServiceError::InvalidCredentials)
+        );
+        assert_eq!(
+            s.refresh_session(tenant, set, &id),
+            Err(ServiceError::SessionExpired(id.clone()))
+        );
+        s.create_session(tenant, set, "b").unwrap();
+    }
+
+    #[test]
+    fn registration_checks_the_token_scope() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (token, _) = s.issue_registration_token("/org/repo".into(), 60);
+        assert_eq!(
+            s.register(&token, "http://fake/other"),
+            Err(ServiceError::InvalidCredentials)
+        );
+        assert_eq!(s.register(&token, "http://fake/org/repo/"), Ok(1));
+        let (ent, _) = s.issue_registration_token("/enterprises/e".into(), 60);
+        assert_eq!(s.register(&ent, "http://fake/enterprises/e"), Ok(2));
+        s.expire_github_tokens();
+        assert_eq!(
+            s.register(&token, "http://fake/org/repo"),
+            Err(ServiceError::TokenExpired)
+        );
+    }
+}
