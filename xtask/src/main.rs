@@ -24,6 +24,8 @@ struct Cli {
 enum Task {
     /// Runs every test the project has: unit, policy (through wasmtime),
     /// integration against a real kube-apiserver, end-to-end.
+    ///
+    /// A package filter (`-p NAME`) among the arguments narrows the run.
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -51,12 +53,11 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Task::Test { args } => {
             setup()?;
-            cargo(
-                &["test".to_owned()]
-                    .into_iter()
-                    .chain(args)
-                    .collect::<Vec<_>>(),
-            )
+            // `--workspace` takes in the policy guests too: their native unit
+            // tests run here, and their YAML suites run through wasmtime in the
+            // host's tests.
+            let command = ["test".to_owned(), "--workspace".to_owned()];
+            cargo(&command.into_iter().chain(args).collect::<Vec<_>>())
         }
         Task::ControlPlane => {
             let bin = control_plane()?;
