@@ -787,16 +787,9 @@ impl ActionsClient {
             .service_call(op, Method::GET, &path, None)
             .await?
             .json(op)?;
-        match list.value.len() {
-            0 => Err(ActionsError::RunnerGroupNotFound {
-                name: name.to_string(),
-            }),
-            1 => Ok(list.value.into_iter().next().expect("one element")),
-            count => Err(ActionsError::AmbiguousResult {
-                operation: op,
-                count,
-            }),
-        }
+        at_most_one(op, list)?.ok_or_else(|| ActionsError::RunnerGroupNotFound {
+            name: name.to_string(),
+        })
     }
 
     /// Looks a scale set up by runner group and name; `None` when there is
@@ -815,14 +808,7 @@ impl ActionsClient {
             .service_call(op, Method::GET, &path, None)
             .await?
             .json(op)?;
-        match list.value.len() {
-            0 => Ok(None),
-            1 => Ok(list.value.into_iter().next()),
-            count => Err(ActionsError::AmbiguousResult {
-                operation: op,
-                count,
-            }),
-        }
+        at_most_one(op, list)
     }
 
     /// Gets a scale set by id.
@@ -927,14 +913,7 @@ impl ActionsClient {
             .service_call(op, Method::GET, &path, None)
             .await?
             .json(op)?;
-        match list.value.len() {
-            0 => Ok(None),
-            1 => Ok(list.value.into_iter().next()),
-            count => Err(ActionsError::AmbiguousResult {
-                operation: op,
-                count,
-            }),
-        }
+        at_most_one(op, list)
     }
 
     /// Removes a runner's registration. The service answers success when the
@@ -1056,6 +1035,18 @@ fn encode(value: &str) -> String {
     url::form_urlencoded::byte_serialize(value.as_bytes())
         .collect::<String>()
         .replace('+', "%20")
+}
+
+/// The one element of a lookup by name. The service's filters are exact, so a
+/// second match means the answer cannot be trusted to be the object asked
+/// for, and acting on either could touch another scale set's runners.
+fn at_most_one<T>(operation: Operation, list: ListResponse<T>) -> Result<Option<T>, ActionsError> {
+    let count = list.value.len();
+    let mut items = list.value.into_iter();
+    match (items.next(), count) {
+        (first, 0 | 1) => Ok(first),
+        _ => Err(ActionsError::AmbiguousResult { operation, count }),
+    }
 }
 
 #[cfg(test)]

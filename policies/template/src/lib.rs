@@ -10,7 +10,7 @@
 //! `Cargo.toml`, and change `decide` and `Batch::parse`. Everything the
 //! policy may look at is in its input: there is no clock, filesystem or
 //! network, and the only thing it can ask of the controller is a log line.
-//! The walk-through is in `docs/policy-guide.md`.
+//! The walk-through is the "Writing a policy" section of the README.
 
 // No standard library on wasm: the component then imports nothing, which is
 // what the controller requires. `arcwright-guest` provides the allocator,
