@@ -1,4 +1,5 @@
-//! arcwright's entry points: `cargo xtask test`, `cargo xtask control-plane`.
+//! arcwright's entry points: `cargo xtask test`, `cargo xtask bench`,
+//! `cargo xtask control-plane`.
 //!
 //! These are the commands the README promises. They make sure of what a fresh
 //! machine lacks (the `wasm32-wasip2` target, the locally built control
@@ -31,6 +32,13 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Runs the benchmarks (criterion) and prints their tables: policy
+    /// decision latency beside the empty-component floor and native Rust.
+    Bench {
+        /// Extra arguments for `cargo bench` (e.g. a benchmark filter).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Builds (once per machine) the local kube-apiserver, etcd and helm,
     /// and prints where they are.
     ControlPlane,
@@ -57,6 +65,11 @@ fn run(cli: Cli) -> Result<()> {
             // tests run here, and their YAML suites run through wasmtime in the
             // host's tests.
             let command = ["test".to_owned(), "--workspace".to_owned()];
+            cargo(&command.into_iter().chain(args).collect::<Vec<_>>())
+        }
+        Task::Bench { args } => {
+            ensure_wasm_target()?;
+            let command = ["bench", "-p", "arcwright", "--bench", "policy"].map(str::to_owned);
             cargo(&command.into_iter().chain(args).collect::<Vec<_>>())
         }
         Task::ControlPlane => {
