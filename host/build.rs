@@ -157,14 +157,33 @@ fn build_guests(workspace: &Path, target_dir: &Path, guests: &[Guest]) {
     for guest in guests {
         cmd.args(["-p", &guest.package]);
     }
-    // Everything cargo exported for this build script describes the host
-    // build; the nested build reads its own configuration afresh.
+    // The nested build must not see what cargo set for *this* build script
+    // (the host's target, features, flags, jobserver): that describes the
+    // host build. The user's own cargo settings (offline mode, registries,
+    // proxies, profiles) are kept, so a mirrored or offline build stays one.
     for (key, _) in env::vars_os() {
         let Some(key) = key.to_str() else { continue };
-        let inherited = (key.starts_with("CARGO_") && key != "CARGO_HOME")
+        let set_for_this_build = [
+            "CARGO_CFG_",
+            "CARGO_FEATURE_",
+            "CARGO_PKG_",
+            "CARGO_MANIFEST_",
+        ]
+        .iter()
+        .any(|prefix| key.starts_with(prefix))
             || matches!(
                 key,
-                "RUSTFLAGS"
+                "CARGO_ENCODED_RUSTFLAGS"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_MAKEFLAGS"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_TARGET_TMPDIR"
+                    | "CARGO_RUSTC_CURRENT_DIR"
+                    | "CARGO_BUILD_RUSTFLAGS"
+                    | "CARGO_BUILD_TARGET"
+                    | "CARGO_TARGET_DIR"
+                    | "CARGO_BUILD_TARGET_DIR"
+                    | "RUSTFLAGS"
                     | "RUSTDOCFLAGS"
                     | "RUSTC_WRAPPER"
                     | "RUSTC_WORKSPACE_WRAPPER"
@@ -178,9 +197,15 @@ fn build_guests(workspace: &Path, target_dir: &Path, guests: &[Guest]) {
                     | "RUSTC_LINKER"
                     | "__CARGO_FIX_YOLO"
             );
-        if inherited {
+        if set_for_this_build {
             cmd.env_remove(key);
         }
+    }
+    // The lock file is the outer build's, already resolved: the nested build
+    // must not rewrite it. Its parallelism stays within the outer build's.
+    cmd.arg("--locked");
+    if let Ok(jobs) = env::var("NUM_JOBS") {
+        cmd.args(["--jobs", &jobs]);
     }
     let output = cmd.output().unwrap_or_else(|err| {
         panic!("could not start the nested cargo build of the policy guests: {err}")

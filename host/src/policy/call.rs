@@ -40,6 +40,22 @@ pub const MAX_STATE: usize = 64 * 1024;
 /// The most violations a pod-validation policy may return.
 pub const MAX_VIOLATIONS: usize = 256;
 
+/// How many bytes of strings and lists the host copies out of a guest in one
+/// crossing: a decision's answer, or one `log` call.
+///
+/// The caps above are checked on the copy the host already made, and
+/// wasmtime's own default allows 128 MiB per crossing, outside the memory
+/// cap and the deadline. A guest can return hundreds of list entries that all
+/// point at one large string, and each is copied separately: without this
+/// budget one decision could make the host allocate over 100 MiB, and every
+/// reconcile would do it again. The largest honest answer is
+/// `MAX_VIOLATIONS` entries of two `MAX_TEXT` strings (2 MiB) or a
+/// `MAX_STATE` blob with a `MAX_TEXT` reason; this leaves room for both.
+pub const MAX_CROSSING_BYTES: usize = 3 * 1024 * 1024;
+
+/// What wasmtime says when a crossing exceeds [`MAX_CROSSING_BYTES`].
+const CROSSING_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
+
 /// The bounds of one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CallLimits {
@@ -241,6 +257,7 @@ impl Policy {
             HostState::new(self.label.clone(), self.limits.memory),
         );
         store.limiter(|state| state as &mut dyn ResourceLimiter);
+        store.set_hostcall_fuel(MAX_CROSSING_BYTES);
         // The trap fires when the epoch reaches the deadline; the ticker may
         // be anywhere in its current tick, so one tick is added to make the
         // budget a floor rather than a ceiling.
@@ -264,6 +281,14 @@ impl Policy {
             };
         }
         tracing::debug!(policy = %self.label, "policy call failed: {err:?}");
+        if err
+            .chain()
+            .any(|cause| cause.to_string().contains(CROSSING_EXHAUSTED))
+        {
+            return PolicyError::CrossingTooLarge {
+                limit: MAX_CROSSING_BYTES,
+            };
+        }
         match err.downcast_ref::<Trap>() {
             Some(Trap::Interrupt) => PolicyError::Timeout {
                 deadline: self.limits.deadline,

@@ -48,6 +48,12 @@ pub struct Decider {
     reporter: Arc<dyn PolicyReporter>,
     metrics: Option<PolicyMetrics>,
     state: Arc<Mutex<Option<KeptState>>>,
+    /// Held for the whole of a scaling decision. The state one call returns
+    /// must be the state the next call reads: two decisions racing would
+    /// both read the same state and the slower one would overwrite the
+    /// other's, so a cooldown could forget a scale-up. Calls for one scale
+    /// set come from its one listener, so this is almost never contended.
+    scaling_turn: Arc<Mutex<()>>,
 }
 
 /// A scaling policy's state and the digest of the module that wrote it.
@@ -70,6 +76,7 @@ impl Decider {
             reporter,
             metrics: None,
             state: Arc::new(Mutex::new(None)),
+            scaling_turn: Arc::new(Mutex::new(())),
         }
     }
 
@@ -160,6 +167,7 @@ impl Decider {
         permit: &CallPermit,
         input: &ScalingInput,
     ) -> Result<Decided<ScalingDecision>, PolicyError> {
+        let _turn = self.scaling_turn.lock().unwrap_or_else(|e| e.into_inner());
         let kept = |sha256: &str| {
             let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             state

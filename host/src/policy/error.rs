@@ -145,6 +145,15 @@ pub enum PolicyError {
         /// The limit.
         limit: usize,
     },
+    /// The strings and lists the policy handed to the host, counted as they
+    /// were copied, went over the per-crossing budget.
+    #[error(
+        "the policy handed the host more than {limit} bytes of strings and lists in one answer or log call"
+    )]
+    CrossingTooLarge {
+        /// The budget.
+        limit: usize,
+    },
     /// The policy's answer does not make sense.
     #[error("the policy's answer is invalid: {0}")]
     InvalidOutput(String),
@@ -190,6 +199,17 @@ pub enum PolicyError {
 }
 
 impl PolicyError {
+    /// Whether the same module, tried again, might load: the failure came
+    /// from the machine (a deadline missed under load, a full instance
+    /// pool, a lost blocking task) rather than from the module's bytes or
+    /// its settings. Everything else fails the same way every time.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Timeout { .. } | Self::Instantiate(_) | Self::Join(_) | Self::Engine(_)
+        )
+    }
+
     /// The short label used for `reason` in metrics and events.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -207,7 +227,7 @@ impl PolicyError {
             Self::Timeout { .. } => "timeout",
             Self::MemoryLimit { .. } => "memory",
             Self::Trap(_) => "trap",
-            Self::OutputTooLarge { .. } => "output-too-large",
+            Self::OutputTooLarge { .. } | Self::CrossingTooLarge { .. } => "output-too-large",
             Self::InvalidOutput(_) => "invalid-output",
             Self::Decision(_) => "decision-error",
             Self::Input(_) => "input",

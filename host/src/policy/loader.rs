@@ -25,6 +25,13 @@ use super::{
     CallLimits, Decider, Policy, PolicyEngine, PolicyError, PolicyEvent, PolicyKind, PolicyReporter,
 };
 
+/// How often a version that failed for a transient reason is tried again
+/// before it is reported as failed.
+const TRANSIENT_RETRIES: u32 = 3;
+
+/// The wait before the first retry; later retries wait longer (linearly).
+const TRANSIENT_RETRY_DELAY: Duration = Duration::from_millis(200);
+
 /// The ConfigMap key a module is read from unless the reference says otherwise.
 pub const DEFAULT_KEY: &str = "policy.wasm";
 
@@ -400,7 +407,21 @@ impl ConfigMapWatch {
             return;
         }
         self.last_seen = Some(Seen::Module(digest.clone()));
-        match self.load(wasm).await {
+        // A version is judged once per digest, so a failure that only the
+        // machine caused (validate-settings missing its deadline on a loaded
+        // node) is retried here: otherwise a good version would stay
+        // refused until someone edited the ConfigMap again.
+        let mut attempt = 0;
+        let outcome = loop {
+            match self.load(wasm.clone()).await {
+                Err(error) if error.is_transient() && attempt < TRANSIENT_RETRIES => {
+                    attempt += 1;
+                    tokio::time::sleep(TRANSIENT_RETRY_DELAY * attempt).await;
+                }
+                other => break other,
+            }
+        };
+        match outcome {
             Ok(policy) => {
                 self.decider.swap(policy);
                 self.report(PolicyEvent::Loaded { sha256: digest });

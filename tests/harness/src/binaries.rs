@@ -11,9 +11,10 @@
 
 use std::fs;
 use std::io::{self, BufRead, BufReader};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Mutex, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -138,6 +139,18 @@ pub fn ensure_built(progress: &dyn Fn(&str)) -> Result<PathBuf, HarnessError> {
     if let Some(bin) = find()? {
         return Ok(bin);
     }
+    // One build at a time: tests of one binary start control planes
+    // concurrently, and several test binaries may start at once on a fresh
+    // machine. A thread lock serialises the first, a file lock the second;
+    // whoever waited then finds the finished build.
+    static IN_PROCESS: Mutex<()> = Mutex::new(());
+    let _thread = IN_PROCESS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _file = BuildLock::acquire()?;
+    if let Some(bin) = find()? {
+        return Ok(bin);
+    }
     if std::env::var_os(BIN_DIR_ENV).is_some() {
         return Err(HarnessError::Build(format!(
             "{BIN_DIR_ENV} is set but does not hold all of {BINARIES:?}"
@@ -147,6 +160,9 @@ pub fn ensure_built(progress: &dyn Fn(&str)) -> Result<PathBuf, HarnessError> {
     let key_dir = bin.parent().expect("bin dir has a parent").to_path_buf();
     let scratch = key_dir.with_extension(format!("building-{}", std::process::id()));
     let _ = fs::remove_dir_all(&scratch);
+    // A failed or interrupted build must not leave hundreds of megabytes of
+    // partial binaries behind.
+    let _cleanup = RemoveOnDrop(scratch.clone());
     let scratch_bin = scratch.join("bin");
     fs::create_dir_all(&scratch_bin).map_err(|e| io_error(&scratch_bin, e))?;
 
@@ -196,6 +212,47 @@ pub fn ensure_built(progress: &dyn Fn(&str)) -> Result<PathBuf, HarnessError> {
         started.elapsed().as_secs_f64()
     ));
     Ok(bin)
+}
+
+/// An exclusive `flock` on a file beside the cache directories, held for the
+/// length of a build and released when the process exits, however it exits.
+struct BuildLock(fs::File);
+
+impl BuildLock {
+    fn acquire() -> Result<Self, HarnessError> {
+        let dir = cache_root().join("control-plane");
+        fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
+        let path = dir.join(".build.lock");
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| io_error(&path, e))?;
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io_error(&path, io::Error::last_os_error()));
+        }
+        Ok(Self(file))
+    }
+}
+
+impl Drop for BuildLock {
+    fn drop(&mut self) {
+        // SAFETY: unlocking the descriptor locked in `acquire`.
+        unsafe {
+            libc::flock(self.0.as_raw_fd(), libc::LOCK_UN);
+        }
+    }
+}
+
+/// Removes a directory when dropped, unless it was renamed away first.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Runs `go build` for `packages` in `dir`, reporting elapsed time every 30 s.
