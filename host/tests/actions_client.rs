@@ -708,6 +708,42 @@ async fn server_errors_are_retried_until_they_clear() {
 }
 
 #[tokio::test]
+async fn creating_calls_are_not_repeated_when_the_service_may_have_acted() {
+    let fake = start(FakeConfig::default()).await;
+    let client = pat_client(&fake, &fake.org_url("octo-org"));
+    let set = create_scale_set(&client, "once-set").await;
+    let setting = JitRunnerSetting {
+        name: "once-set-runner".into(),
+        work_folder: String::new(),
+    };
+
+    // A 500 may come after the registration was made: reported, not retried.
+    fake.control().inject(Fault::new(
+        Endpoint::GenerateJitConfig,
+        FaultKind::status(500),
+        1,
+    ));
+    let err = client
+        .generate_jit_runner_config(set.id, &setting)
+        .await
+        .expect_err("the 500 is reported");
+    assert!(err.to_string().contains("500"), "{err}");
+    assert_eq!(calls(&fake, Endpoint::GenerateJitConfig), 1);
+
+    // A 503 says the service did not act: retried, and it succeeds.
+    fake.control().inject(Fault::new(
+        Endpoint::GenerateJitConfig,
+        FaultKind::status(503),
+        1,
+    ));
+    client
+        .generate_jit_runner_config(set.id, &setting)
+        .await
+        .expect("retried after the 503");
+    assert_eq!(calls(&fake, Endpoint::GenerateJitConfig), 3);
+}
+
+#[tokio::test]
 async fn retries_are_bounded() {
     let fake = start(FakeConfig::default()).await;
     let client = pat_client(&fake, &fake.org_url("octo-org"));

@@ -242,6 +242,7 @@ pub(crate) struct QueueRequest {
 /// [`Outcome`] (which borrows the `Retry-After` header).
 enum AttemptKind {
     Status(u16),
+    Connect,
     Transport,
     Certificate,
     Timeout,
@@ -509,6 +510,8 @@ impl ActionsClient {
                 Ok(Err(source)) => {
                     let kind = if is_certificate_error(&source) {
                         AttemptKind::Certificate
+                    } else if source.is_connect() {
+                        AttemptKind::Connect
                     } else {
                         AttemptKind::Transport
                     };
@@ -533,6 +536,7 @@ impl ActionsClient {
                     status,
                     retry_after: retry_after.as_deref(),
                 },
+                AttemptKind::Connect => Outcome::Connect,
                 AttemptKind::Transport => Outcome::Transport,
                 AttemptKind::Certificate => Outcome::Certificate,
                 AttemptKind::Timeout => Outcome::Timeout,

@@ -50,6 +50,16 @@ pub enum Operation {
 }
 
 impl Operation {
+    /// Whether a second attempt could meet the first one's result: the call
+    /// creates an object the service names uniquely (a scale set by name, a
+    /// runner by name, the one session of a scale set).
+    pub fn creates_something(self) -> bool {
+        matches!(
+            self,
+            Self::CreateScaleSet | Self::GenerateJitConfig | Self::CreateSession
+        )
+    }
+
     /// The snake-case name used in errors, logs and metric labels.
     pub fn as_str(self) -> &'static str {
         match self {

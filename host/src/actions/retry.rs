@@ -53,7 +53,10 @@ pub enum Outcome<'a> {
         /// The raw `Retry-After` header, if any.
         retry_after: Option<&'a str>,
     },
-    /// The connection failed or broke before a response was read.
+    /// No connection could be made: the request was never sent.
+    Connect,
+    /// The connection broke after the request may have been sent, before a
+    /// response was read.
     Transport,
     /// No response arrived within the per-attempt timeout.
     Timeout,
@@ -72,14 +75,25 @@ pub enum Outcome<'a> {
 /// minted a moment ago may not have reached every replica of the service
 /// yet. Every other 4xx is an answer, and asking again would only get it
 /// again.
+///
+/// Calls that create something (a scale set, a runner registration, a
+/// message session) are retried only when the service provably did not act:
+/// no connection, 429, or 503. After a timeout, a broken connection or
+/// another 5xx the first attempt may have succeeded with its answer lost, and
+/// a second attempt would then meet the first's result as a conflict (a
+/// session nobody holds the id of, a registration whose JIT config is gone)
+/// instead of reporting what happened. The caller sees the original error
+/// and decides with what it knows (ARC looks the runner up by name).
 pub fn is_retryable(operation: Operation, outcome: &Outcome<'_>) -> bool {
+    let creates = operation.creates_something();
     match outcome {
-        Outcome::Transport | Outcome::Timeout => true,
+        Outcome::Connect => true,
+        Outcome::Transport | Outcome::Timeout => !creates,
         Outcome::Certificate => false,
         Outcome::Status { status, .. } => match *status {
-            429 => true,
+            429 | 503 => true,
             501 => false,
-            500..=599 => true,
+            500..=599 => !creates,
             401 | 403 => operation == Operation::RunnerRegistration,
             _ => false,
         },
@@ -172,6 +186,36 @@ mod tests {
     }
 
     #[test]
+    fn creating_calls_retry_only_when_the_service_did_not_act() {
+        for op in [
+            Operation::CreateScaleSet,
+            Operation::GenerateJitConfig,
+            Operation::CreateSession,
+        ] {
+            for not_acted in [Outcome::Connect, status(429), status(503)] {
+                assert!(is_retryable(op, &not_acted), "{op:?} {not_acted:?}");
+            }
+            for maybe_acted in [
+                Outcome::Transport,
+                Outcome::Timeout,
+                status(500),
+                status(502),
+                status(504),
+            ] {
+                assert!(!is_retryable(op, &maybe_acted), "{op:?} {maybe_acted:?}");
+            }
+        }
+        // Reads, deletes and acknowledgements are safe to repeat.
+        for op in [
+            Operation::GetRunner,
+            Operation::RemoveRunner,
+            Operation::DeleteMessage,
+        ] {
+            assert!(is_retryable(op, &Outcome::Timeout), "{op:?}");
+        }
+    }
+
+    #[test]
     fn transient_failures_retry_answers_do_not() {
         let op = Operation::GetScaleSet;
         for retryable in [
@@ -180,6 +224,7 @@ mod tests {
             status(503),
             status(504),
             status(429),
+            Outcome::Connect,
             Outcome::Transport,
             Outcome::Timeout,
         ] {
