@@ -423,3 +423,20 @@ fn compiled_modules_are_cached_on_disk_and_reused() {
     let policy = Policy::new(module, "builtin:default", None, CallLimits::default()).unwrap();
     assert_eq!(policy.scaling(&input()).unwrap().desired, 4);
 }
+
+#[test]
+fn one_module_loaded_at_once_from_many_threads_is_compiled_once() {
+    let engine = engine();
+    let wasm = Arc::new(artifact("policy-test-hostile"));
+    let loads: Vec<_> = (0..8)
+        .map(|_| {
+            let engine = engine.clone();
+            let wasm = Arc::clone(&wasm);
+            std::thread::spawn(move || engine.load(&wasm, Some(PolicyKind::Scaling)).map(|_| ()))
+        })
+        .collect();
+    for load in loads {
+        load.join().unwrap().unwrap();
+    }
+    assert_eq!(engine.compilations(), 1);
+}

@@ -128,8 +128,16 @@ impl Host for HostState {
     }
 }
 
-/// Cuts a log line to [`MAX_LOG_LINE`] bytes on a character boundary.
-fn clip(mut message: String) -> String {
+/// Cuts a log line to [`MAX_LOG_LINE`] bytes on a character boundary, and
+/// turns control characters into spaces: a policy writes one line, and a
+/// newline in it could otherwise forge a log line that seems to come from the
+/// controller.
+fn clip(message: String) -> String {
+    let mut message = if message.chars().any(char::is_control) {
+        message.replace(|c: char| c.is_control(), " ")
+    } else {
+        message
+    };
     if message.len() > MAX_LOG_LINE {
         let mut cut = MAX_LOG_LINE;
         while !message.is_char_boundary(cut) {
@@ -144,6 +152,14 @@ fn clip(mut message: String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_cannot_start_a_new_log_line() {
+        assert_eq!(
+            clip("ok\nERROR controller: forged\r\x1b[31m".into()),
+            "ok ERROR controller: forged  [31m"
+        );
+    }
 
     #[test]
     fn long_lines_are_cut_on_a_character_boundary() {

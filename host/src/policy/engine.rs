@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -79,6 +80,14 @@ struct Inner {
     config: EngineConfig,
     permits: Arc<Semaphore>,
     compiled: Mutex<HashMap<[u8; 32], Component>>,
+    /// One gate per digest being compiled. Every object that refers to a
+    /// ConfigMap loads its new version when the ConfigMap changes; without
+    /// the gate each would compile the same module at once, and a policy
+    /// edit would cost a Cranelift compile per scale set instead of one.
+    compiling: Mutex<HashMap<[u8; 32], Arc<Mutex<()>>>>,
+    /// Modules compiled (or read from the disk cache) since the engine
+    /// started: what the memory cache and the gates save shows here.
+    compilations: AtomicU64,
     compat_hash: u64,
 }
 
@@ -142,6 +151,8 @@ impl PolicyEngine {
                 linker,
                 config,
                 compiled: Mutex::new(HashMap::new()),
+                compiling: Mutex::new(HashMap::new()),
+                compilations: AtomicU64::new(0),
                 compat_hash,
             }),
         })
@@ -206,6 +217,12 @@ impl PolicyEngine {
         )
     }
 
+    /// How many modules this engine has compiled (or read back from its
+    /// disk cache), as opposed to found in its memory cache.
+    pub fn compilations(&self) -> u64 {
+        self.inner.compilations.load(Ordering::Relaxed)
+    }
+
     /// Loads a bundled policy by kind and name.
     pub fn load_builtin(&self, kind: PolicyKind, name: &str) -> Result<PolicyModule, PolicyError> {
         let builtin = super::bundled::find(kind, name)?;
@@ -226,8 +243,33 @@ impl PolicyEngine {
         if let Some(component) = self.cached(&digest) {
             return Ok((component, digest));
         }
+        let gate = {
+            let mut gates = self
+                .inner
+                .compiling
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            Arc::clone(gates.entry(digest).or_default())
+        };
+        let _turn = gate.lock().unwrap_or_else(|e| e.into_inner());
+        // Whoever held the gate before may have compiled it already.
+        if let Some(component) = self.cached(&digest) {
+            return Ok((component, digest));
+        }
+        let compiled = self.compile_uncached(wasm, &digest);
+        self.inner
+            .compiling
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&digest);
+        compiled.map(|component| (component, digest))
+    }
+
+    /// Compiles a module that is not in the memory cache and caches it.
+    fn compile_uncached(&self, wasm: &[u8], digest: &[u8; 32]) -> Result<Component, PolicyError> {
+        self.inner.compilations.fetch_add(1, Ordering::Relaxed);
         let component = match &self.inner.config.cache_dir {
-            Some(dir) => self.compile_with_disk_cache(wasm, &digest, dir)?,
+            Some(dir) => self.compile_with_disk_cache(wasm, digest, dir)?,
             None => Component::new(&self.inner.engine, wasm)
                 .map_err(|e| PolicyError::Compile(format!("{e:#}")))?,
         };
@@ -239,8 +281,8 @@ impl PolicyEngine {
         if compiled.len() >= MEMORY_CACHE_ENTRIES {
             compiled.clear();
         }
-        compiled.insert(digest, component.clone());
-        Ok((component, digest))
+        compiled.insert(*digest, component.clone());
+        Ok(component)
     }
 
     fn cached(&self, digest: &[u8; 32]) -> Option<Component> {
