@@ -110,23 +110,27 @@ fn condition(kind: &str, status: bool, now: &str) -> Value {
     })
 }
 
+/// The status of one container that started at `started_at` and is running
+/// and ready, as a kubelet reports it.
+fn running_container(pod: &Pod, container: &Container, started_at: &str) -> Value {
+    json!({
+        "name": container.name,
+        "image": container.image.clone().unwrap_or_default(),
+        "imageID": "",
+        "containerID": container_id(pod, &container.name),
+        "ready": true,
+        "started": true,
+        "restartCount": 0,
+        "state": {"running": {"startedAt": started_at}},
+    })
+}
+
 /// The status of a pod whose containers all started at `now`: phase
 /// Running, every container running and ready, init containers completed.
 pub(crate) fn running_status(pod: &Pod, node_ip: &str, pod_ip: &str, now: &str) -> Value {
     let statuses: Vec<Value> = containers(pod)
         .iter()
-        .map(|c| {
-            json!({
-                "name": c.name,
-                "image": c.image.clone().unwrap_or_default(),
-                "imageID": "",
-                "containerID": container_id(pod, &c.name),
-                "ready": true,
-                "started": true,
-                "restartCount": 0,
-                "state": {"running": {"startedAt": now}},
-            })
-        })
+        .map(|c| running_container(pod, c, now))
         .collect();
     let init: Vec<Value> = init_containers(pod)
         .iter()
@@ -199,16 +203,7 @@ pub(crate) fn exited_status(
                 terminated_container(pod, c, exit, started, now, false)
             } else {
                 others_running = true;
-                json!({
-                    "name": c.name,
-                    "image": c.image.clone().unwrap_or_default(),
-                    "imageID": "",
-                    "containerID": container_id(pod, &c.name),
-                    "ready": true,
-                    "started": true,
-                    "restartCount": 0,
-                    "state": {"running": {"startedAt": started}},
-                })
+                running_container(pod, c, started)
             }
         })
         .collect();
