@@ -49,6 +49,20 @@ fn load_failed(reason: &'static str) -> impl Fn(&PolicyEvent) -> bool {
     move |event| matches!(event, PolicyEvent::LoadFailed { reason: r, .. } if r == reason)
 }
 
+/// Waits until `count` events match `predicate`, failing with every event
+/// seen so far when they do not arrive in time.
+async fn expect_events(
+    reporter: &RecordingReporter,
+    count: usize,
+    predicate: impl Fn(&PolicyEvent) -> bool,
+) {
+    assert!(
+        reporter.wait_for(count, WAIT, predicate).await,
+        "{:?}",
+        reporter.events()
+    );
+}
+
 async fn replace(api: &Api<ConfigMap>, name: &str, wasm: &[u8]) {
     let mut cm = api.get(name).await.unwrap();
     cm.binary_data = Some(BTreeMap::from([(
@@ -91,7 +105,7 @@ async fn configmap_versions_are_swapped_in_and_bad_ones_are_kept_out() {
             reporter.clone(),
         )
         .await
-        .unwrap();
+        .expect("a reference always loads, falling back to the default");
     let decider = policy.decider();
 
     // Create: the first version decides.
@@ -117,13 +131,7 @@ async fn configmap_versions_are_swapped_in_and_bad_ones_are_kept_out() {
 
     // Update to a bad version: refused, the last good one stays.
     replace(&api, "scaler", b"\0asm\x0d\0\x01\0 but then garbage").await;
-    assert!(
-        reporter
-            .wait_for(1, WAIT, load_failed("invalid-module"))
-            .await,
-        "{:?}",
-        reporter.events()
-    );
+    expect_events(&reporter, 1, load_failed("invalid-module")).await;
     assert_eq!(decider.current().module().sha256(), digest(cooldown));
 
     // A policy of another kind is refused too, with the kinds named.
@@ -171,13 +179,7 @@ async fn configmap_versions_are_swapped_in_and_bad_ones_are_kept_out() {
     api.delete("scaler", &DeleteParams::default())
         .await
         .unwrap();
-    assert!(
-        reporter
-            .wait_for(1, WAIT, load_failed("configmap-missing"))
-            .await,
-        "{:?}",
-        reporter.events()
-    );
+    expect_events(&reporter, 1, load_failed("configmap-missing")).await;
     assert_eq!(decider.current().module().sha256(), digest(cooldown));
     assert!(decider.scaling(ScalingInput::default()).await.is_ok());
 }
@@ -205,14 +207,8 @@ async fn a_missing_configmap_decides_with_the_default_until_it_appears() {
             reporter.clone(),
         )
         .await
-        .unwrap();
-    assert!(
-        reporter
-            .wait_for(1, WAIT, load_failed("configmap-missing"))
-            .await,
-        "{:?}",
-        reporter.events()
-    );
+        .expect("a reference always loads, falling back to the default");
+    expect_events(&reporter, 1, load_failed("configmap-missing")).await;
     let decided = policy
         .decider()
         .scaling(ScalingInput::default())
@@ -227,13 +223,7 @@ async fn a_missing_configmap_decides_with_the_default_until_it_appears() {
     )
     .await
     .unwrap();
-    assert!(
-        reporter
-            .wait_for(1, WAIT, load_failed("configmap-key-missing"))
-            .await,
-        "{:?}",
-        reporter.events()
-    );
+    expect_events(&reporter, 1, load_failed("configmap-key-missing")).await;
     let message = format!("{:?}", reporter.events().last().unwrap());
     assert!(message.contains("it holds policy.wasm"), "{message}");
 
@@ -244,13 +234,7 @@ async fn a_missing_configmap_decides_with_the_default_until_it_appears() {
     )
     .await
     .unwrap();
-    assert!(
-        reporter
-            .wait_for(1, WAIT, loaded(&digest(wasm("buffered"))))
-            .await,
-        "{:?}",
-        reporter.events()
-    );
+    expect_events(&reporter, 1, loaded(&digest(wasm("buffered")))).await;
     let decided = policy
         .decider()
         .scaling(ScalingInput::default())
@@ -291,24 +275,12 @@ async fn a_pinned_digest_refuses_other_versions() {
             reporter.clone(),
         )
         .await
-        .unwrap();
-    assert!(
-        reporter
-            .wait_for(1, WAIT, load_failed("digest-mismatch"))
-            .await,
-        "{:?}",
-        reporter.events()
-    );
+        .expect("a reference always loads, falling back to the default");
+    expect_events(&reporter, 1, load_failed("digest-mismatch")).await;
     assert_eq!(policy.decider().current().label(), "builtin:default");
 
     replace(&api, "pinned", wasm("buffered")).await;
-    assert!(
-        reporter
-            .wait_for(1, WAIT, loaded(&digest(wasm("buffered"))))
-            .await,
-        "{:?}",
-        reporter.events()
-    );
+    expect_events(&reporter, 1, loaded(&digest(wasm("buffered")))).await;
 }
 
 #[tokio::test]
@@ -376,7 +348,7 @@ async fn a_version_that_rejects_the_settings_is_kept_out() {
             reporter.clone(),
         )
         .await
-        .unwrap();
+        .expect("a reference always loads, falling back to the default");
     assert!(
         reporter
             .wait_for(1, WAIT, loaded(&digest(wasm("buffered"))))
