@@ -50,12 +50,16 @@ enum PolicyCommand {
         /// A `.wasm` file, or `builtin:NAME`.
         #[arg(long)]
         module: String,
-        /// The input, in its JSON form.
+        /// A file holding the input, in its JSON form (YAML works too).
         #[arg(long)]
         input: PathBuf,
-        /// The settings, as JSON.
-        #[arg(long)]
-        settings: Option<PathBuf>,
+        /// The settings as inline JSON (`'{"batch": 4}'`), or `@PATH` to read
+        /// them from a file.
+        #[arg(long, value_name = "JSON", conflicts_with = "settings_file")]
+        settings: Option<String>,
+        /// A file holding the settings as JSON (YAML works too).
+        #[arg(long, value_name = "PATH")]
+        settings_file: Option<PathBuf>,
     },
     /// Show a module's world, exports, imports, size and sha256.
     Inspect {
@@ -106,10 +110,15 @@ impl PolicyCommand {
                 module,
                 input,
                 settings,
+                settings_file,
             } => {
                 let module = Arc::new(load(&engine, &module, Some(kind))?);
                 let input = read_json(&input)?;
-                let settings = settings.as_deref().map(read_json).transpose()?;
+                let settings = match (settings, settings_file) {
+                    (Some(text), _) => Some(settings_arg(&text)?),
+                    (None, Some(path)) => Some(read_json(&path)?),
+                    (None, None) => None,
+                };
                 let policy = Policy::new(module, "cli", settings.as_ref(), CallLimits::default())?;
                 let decision = policy.decide_json(&input)?;
                 println!("{}", serde_json::to_string_pretty(&decision)?);
@@ -260,6 +269,19 @@ fn module_bytes(spec: &str, kind: Option<PolicyKind>) -> anyhow::Result<Cow<'sta
     Ok(Cow::Borrowed(builtin.wasm))
 }
 
+/// The value of `--settings`: inline JSON, or `@PATH` for a file.
+fn settings_arg(text: &str) -> anyhow::Result<serde_json::Value> {
+    match text.strip_prefix('@') {
+        Some(path) => read_json(Path::new(path)),
+        None => serde_json::from_str(text).with_context(|| {
+            format!(
+                "--settings {text:?} is not valid JSON (give a file as --settings-file PATH \
+                 or --settings @PATH)"
+            )
+        }),
+    }
+}
+
 /// Reads JSON (or YAML, its superset) into a JSON value.
 fn read_json(path: &Path) -> anyhow::Result<serde_json::Value> {
     let text =
@@ -308,6 +330,23 @@ mod tests {
     #[test]
     fn the_command_line_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn settings_are_inline_json_or_a_file() {
+        assert_eq!(
+            settings_arg(r#"{"batch": 4}"#).unwrap(),
+            serde_json::json!({"batch": 4})
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("settings.yaml");
+        std::fs::write(&path, "batch: 2\n").unwrap();
+        assert_eq!(
+            settings_arg(&format!("@{}", path.display())).unwrap(),
+            serde_json::json!({"batch": 2})
+        );
+        let err = format!("{:#}", settings_arg("settings.json").unwrap_err());
+        assert!(err.contains("--settings-file PATH"), "{err}");
     }
 
     #[test]

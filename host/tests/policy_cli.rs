@@ -13,6 +13,26 @@ fn arcwright(args: &[&str]) -> Output {
         .expect("the arcwright binary runs")
 }
 
+/// Runs `arcwright policy eval` on `input`, written to a file, with `extra`
+/// arguments after it.
+fn eval(kind: &str, module: &str, input: &str, extra: &[&str]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("input.json");
+    fs::write(&path, input).unwrap();
+    let mut args = vec![
+        "policy",
+        "eval",
+        "--kind",
+        kind,
+        "--module",
+        module,
+        "--input",
+        path.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    arcwright(&args)
+}
+
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
@@ -88,23 +108,12 @@ fn test_runs_suites_and_summarises() {
 
 #[test]
 fn eval_prints_the_decision_as_json() {
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("input.json");
-    fs::write(
-        &input,
-        r#"{"scaleSet": {"minRunners": 2, "maxRunners": 10}, "statistics": {"assignedJobs": 5}}"#,
-    )
-    .unwrap();
-    let out = arcwright(&[
-        "policy",
-        "eval",
-        "--kind",
+    let out = eval(
         "scaling",
-        "--module",
         "builtin:default",
-        "--input",
-        input.to_str().unwrap(),
-    ]);
+        r#"{"scaleSet": {"minRunners": 2, "maxRunners": 10}, "statistics": {"assignedJobs": 5}}"#,
+        &[],
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -114,22 +123,12 @@ fn eval_prints_the_decision_as_json() {
     assert_eq!(decision["desired"], 7);
     assert!(decision["reason"].is_string());
 
-    let ending = dir.path().join("ending.json");
-    fs::write(
-        &ending,
-        r#"{"phase": "Succeeded", "exitCode": 0, "registered": true}"#,
-    )
-    .unwrap();
-    let out = arcwright(&[
-        "policy",
-        "eval",
-        "--kind",
+    let out = eval(
         "deregistration",
-        "--module",
         "builtin:exit-code",
-        "--input",
-        ending.to_str().unwrap(),
-    ]);
+        r#"{"phase": "Succeeded", "exitCode": 0, "registered": true}"#,
+        &[],
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -141,19 +140,7 @@ fn eval_prints_the_decision_as_json() {
 
 #[test]
 fn eval_refuses_a_module_of_another_kind() {
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("input.json");
-    fs::write(&input, "{}").unwrap();
-    let out = arcwright(&[
-        "policy",
-        "eval",
-        "--kind",
-        "deregistration",
-        "--module",
-        "builtin:scaling/buffered",
-        "--input",
-        input.to_str().unwrap(),
-    ]);
+    let out = eval("deregistration", "builtin:scaling/buffered", "{}", &[]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -237,4 +224,175 @@ fn configmap_carries_the_module_bytes() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a WebAssembly binary"));
+}
+
+#[test]
+fn eval_takes_settings_inline_or_from_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = dir.path().join("settings.json");
+    fs::write(&settings, r#"{"idle": 3}"#).unwrap();
+    let at_path = format!("@{}", settings.display());
+    let input = r#"{"scaleSet": {"maxRunners": 100}, "statistics": {"assignedJobs": 5}}"#;
+    for extra in [
+        &["--settings", r#"{"idle": 3}"#][..],
+        &["--settings-file", settings.to_str().unwrap()][..],
+        &["--settings", at_path.as_str()][..],
+    ] {
+        let out = eval("scaling", "builtin:buffered", input, extra);
+        assert!(
+            out.status.success(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let decision: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(decision["desired"], 8, "{extra:?}: {decision}");
+    }
+    // A path given where JSON is expected says how to give a file.
+    let out = eval(
+        "scaling",
+        "builtin:buffered",
+        input,
+        &["--settings", settings.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--settings-file PATH"), "{err}");
+}
+
+#[test]
+fn eval_names_a_misspelt_input_key() {
+    let out = eval(
+        "scaling",
+        "builtin:default",
+        r#"{"scaleSet": {"minRunner": 3, "maxRunners": 10}}"#,
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`scaleSet.minRunner` is not a field; did you mean `minRunners`?"),
+        "{err}"
+    );
+}
+
+/// The `arcwright policy ...` commands of the README's fenced shell blocks,
+/// continuation lines joined.
+fn readme_commands() -> Vec<String> {
+    let readme = include_str!("../../README.md");
+    let mut commands = Vec::new();
+    let mut in_shell = false;
+    let mut pending = String::new();
+    for line in readme.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with("```") {
+            in_shell = !in_shell && trimmed == "```sh";
+            continue;
+        }
+        if !in_shell {
+            continue;
+        }
+        match trimmed.strip_suffix('\\') {
+            Some(head) => {
+                pending.push_str(head);
+                pending.push(' ');
+            }
+            None => {
+                pending.push_str(trimmed);
+                let command = std::mem::take(&mut pending);
+                if command.starts_with("arcwright policy") {
+                    commands.push(command);
+                }
+            }
+        }
+    }
+    commands
+}
+
+/// Lays out, under `dir`, the files a README command names: the module it
+/// builds (the template's component), its suites (the template's) and an
+/// input.
+fn lay_out_files_for(command: &str, dir: &std::path::Path) {
+    let template = bundled::artifact("policy-template").expect("the template guest is built");
+    let suites =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/template/tests");
+    for token in command.split_whitespace() {
+        let token = token.trim_matches(|c| c == '\'' || c == '"');
+        let path = dir.join(token);
+        if token.ends_with(".wasm") {
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::copy(template, &path).unwrap();
+        } else if let Some(folder) = token.strip_suffix("/*.yaml") {
+            let folder = dir.join(folder);
+            fs::create_dir_all(&folder).unwrap();
+            for suite in fs::read_dir(&suites).unwrap() {
+                let suite = suite.unwrap().path();
+                fs::copy(&suite, folder.join(suite.file_name().unwrap())).unwrap();
+            }
+        } else if token.ends_with(".json") {
+            fs::write(
+                &path,
+                r#"{"scaleSet": {"minRunners": 0, "maxRunners": 100}, "statistics": {"assignedJobs": 5}}"#,
+            )
+            .unwrap();
+        }
+    }
+}
+
+#[test]
+fn the_readme_commands_run_as_written() {
+    let commands = readme_commands();
+    for sub in ["test", "eval", "inspect", "configmap"] {
+        assert!(
+            commands
+                .iter()
+                .any(|c| c.starts_with(&format!("arcwright policy {sub} "))),
+            "the README shows no `arcwright policy {sub}`: {commands:#?}"
+        );
+    }
+    let bin = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_arcwright"),
+        bin.path().join("arcwright"),
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for command in &commands {
+        let dir = tempfile::tempdir().unwrap();
+        lay_out_files_for(command, dir.path());
+        // What is piped to kubectl is checked here instead: there is no
+        // cluster to apply it to.
+        let (command, piped) = match command.split_once(" | ") {
+            Some((command, piped)) => (command, Some(piped)),
+            None => (command.as_str(), None),
+        };
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(command)
+            .current_dir(dir.path())
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        let text = stdout(&out);
+        assert!(
+            out.status.success(),
+            "{command}\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if command.starts_with("arcwright policy test") {
+            assert!(text.contains(" passed, 0 failed"), "{command}\n{text}");
+        }
+        if command.starts_with("arcwright policy eval") {
+            let decision: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert!(decision["desired"].is_u64(), "{command}\n{text}");
+        }
+        if let Some(piped) = piped {
+            assert_eq!(piped, "kubectl apply -f -", "{command}");
+            let cm: k8s_openapi::api::core::v1::ConfigMap = serde_yaml::from_str(&text).unwrap();
+            assert!(cm.binary_data.is_some(), "{command}\n{text}");
+        }
+    }
 }

@@ -11,7 +11,7 @@ use super::engine::CallPermit;
 use super::module::Pre;
 use super::types::{
     Decision, DeregistrationDecision, PodValidationDecision, PodValidationInput, RunnerEnding,
-    RunnerPhase, ScalingDecision, ScalingInput, Verdict, Violation,
+    RunnerPhase, ScalingDecision, ScalingInput, Verdict, Violation, from_json,
 };
 use super::{PolicyError, PolicyKind, PolicyModule};
 
@@ -231,19 +231,17 @@ impl Policy {
     /// Any kind's decision from the JSON form of its input (the CLI and the
     /// suites). Blocks the current thread.
     pub fn decide_json(&self, input: &serde_json::Value) -> Result<Decision, PolicyError> {
-        let invalid = |e: serde_json::Error| PolicyError::Input(e.to_string());
         match self.kind() {
             PolicyKind::Scaling => {
-                let input: ScalingInput = serde_json::from_value(input.clone()).map_err(invalid)?;
+                let input: ScalingInput = from_json(input).map_err(PolicyError::Input)?;
                 self.scaling(&input).map(Decision::Scaling)
             }
             PolicyKind::Deregistration => {
-                let input: RunnerEnding = serde_json::from_value(input.clone()).map_err(invalid)?;
+                let input: RunnerEnding = from_json(input).map_err(PolicyError::Input)?;
                 self.deregistration(&input).map(Decision::Deregistration)
             }
             PolicyKind::PodValidation => {
-                let input: PodValidationInput =
-                    serde_json::from_value(input.clone()).map_err(invalid)?;
+                let input: PodValidationInput = from_json(input).map_err(PolicyError::Input)?;
                 self.pod_validation(&input).map(Decision::PodValidation)
             }
         }

@@ -32,7 +32,10 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::types::{Decision, Violation};
+use super::types::{
+    Decision, PodValidationInput, RunnerEnding, ScalingInput, Violation, from_json, from_json_at,
+    join_path, not_a_field,
+};
 use super::{CallLimits, Policy, PolicyError, PolicyKind, PolicyModule};
 
 /// Why a suite could not be run at all (as opposed to a case failing).
@@ -85,25 +88,104 @@ pub struct Case {
 }
 
 impl Suite {
-    /// Parses a suite from YAML.
+    /// Parses a suite from YAML, refusing what would make a case test less
+    /// than it seems to: a misspelt key anywhere outside `settings` (the
+    /// message names its path and the field it probably meant), an input a
+    /// decision of the suite's kind would not read, and a case that checks
+    /// nothing.
     pub fn from_yaml(text: &str) -> Result<Self, SuiteError> {
-        let suite: Suite =
-            serde_yaml::from_str(text).map_err(|e| SuiteError::Parse(e.to_string()))?;
-        for case in &suite.cases {
-            if case.input.is_none() && case.expect_settings_error.is_none() {
-                return Err(SuiteError::Parse(format!(
-                    "case {:?} has neither an input nor expectSettingsError",
-                    case.name
-                )));
-            }
-            if case.input.is_some() && case.expect.is_none() && case.expect_error.is_none() {
-                return Err(SuiteError::Parse(format!(
-                    "case {:?} has an input but neither expect nor expectError",
-                    case.name
-                )));
-            }
+        let parse = |e: String| SuiteError::Parse(e);
+        let document: Value = serde_yaml::from_str(text).map_err(|e| parse(e.to_string()))?;
+        let suite: Suite = from_json(&document).map_err(parse)?;
+        for (index, case) in suite.cases.iter().enumerate() {
+            case.check(suite.kind, &format!("cases[{index}]"))
+                .map_err(|problem| parse(format!("case {:?}: {problem}", case.name)))?;
         }
         Ok(suite)
+    }
+}
+
+/// The keys `expect` may hold for each kind.
+fn expect_fields(kind: PolicyKind) -> &'static [&'static str] {
+    match kind {
+        PolicyKind::Scaling => &["desired", "reason", "state"],
+        PolicyKind::Deregistration => &["verdict", "reason"],
+        PolicyKind::PodValidation => &["violations"],
+    }
+}
+
+/// One expected violation of a pod-validation case.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExpectedViolation {
+    path: String,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+impl Case {
+    /// Refuses a case that would check less than it seems to; `at` is its
+    /// path in the suite.
+    fn check(&self, kind: PolicyKind, at: &str) -> Result<(), String> {
+        if self.expect_settings_error.is_some() {
+            let ignored: Vec<&str> = [
+                ("input", self.input.is_some()),
+                ("expect", self.expect.is_some()),
+                ("expectError", self.expect_error.is_some()),
+            ]
+            .into_iter()
+            .filter_map(|(key, given)| given.then_some(key))
+            .collect();
+            if !ignored.is_empty() {
+                return Err(format!(
+                    "it expects a settings error, so no decision is made and its {} would never \
+                     be checked; move them to a case of their own",
+                    ignored.join(" and ")
+                ));
+            }
+            return Ok(());
+        }
+        let Some(input) = &self.input else {
+            return Err("it has neither an input nor expectSettingsError".into());
+        };
+        typed_input(kind, &join_path(at, "input"), input)?;
+        match (&self.expect, &self.expect_error) {
+            (None, None) => Err("it has an input but neither expect nor expectError".into()),
+            (Some(_), Some(_)) => {
+                Err("it has both expect and expectError; a decision either fails or answers".into())
+            }
+            (None, Some(_)) => Ok(()),
+            (Some(expect), None) if expect.is_empty() => Err(format!(
+                "its expect checks nothing; give at least one of {}",
+                expect_fields(kind).join(", ")
+            )),
+            (Some(expect), None) => {
+                let fields = expect_fields(kind);
+                let expect_at = join_path(at, "expect");
+                for key in expect.keys() {
+                    if !fields.contains(&key.as_str()) {
+                        return Err(not_a_field(&expect_at, key, fields));
+                    }
+                }
+                if let Some(violations) = expect.get("violations") {
+                    from_json_at::<Vec<ExpectedViolation>>(
+                        &join_path(&expect_at, "violations"),
+                        violations,
+                    )?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Parses `input` as the input of a `kind` decision, so a misspelt key is
+/// refused with its path before anything runs.
+fn typed_input(kind: PolicyKind, at: &str, input: &Value) -> Result<(), String> {
+    match kind {
+        PolicyKind::Scaling => from_json_at::<ScalingInput>(at, input).map(drop),
+        PolicyKind::Deregistration => from_json_at::<RunnerEnding>(at, input).map(drop),
+        PolicyKind::PodValidation => from_json_at::<PodValidationInput>(at, input).map(drop),
     }
 }
 
@@ -264,13 +346,7 @@ fn substring(what: &str, actual: &str, expected: &Value) -> Option<String> {
 }
 
 fn violations(actual: &[Violation], expected: &Value) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Expected {
-        path: String,
-        #[serde(default)]
-        message: Option<String>,
-    }
-    let expected: Vec<Expected> = match serde_json::from_value(expected.clone()) {
+    let expected: Vec<ExpectedViolation> = match from_json(expected) {
         Ok(list) => list,
         Err(e) => {
             return Some(format!(
@@ -310,17 +386,75 @@ mod tests {
         serde_yaml::from_str(yaml).unwrap()
     }
 
+    fn refused(yaml: &str) -> String {
+        Suite::from_yaml(yaml).unwrap_err().to_string()
+    }
+
     #[test]
     fn a_case_needs_something_to_check() {
-        let err =
-            Suite::from_yaml("kind: scaling\ncases:\n  - name: x\n    input: {}\n").unwrap_err();
-        assert!(
-            err.to_string().contains("neither expect nor expectError"),
-            "{err}"
-        );
-        let err = Suite::from_yaml("kind: sideways\ncases: []\n").unwrap_err();
-        assert!(err.to_string().contains("sideways"), "{err}");
+        let table: &[(&str, &str)] = &[
+            (
+                "kind: scaling\ncases:\n  - name: x\n    input: {}\n",
+                "neither expect nor expectError",
+            ),
+            (
+                "kind: scaling\ncases:\n  - name: x\n    input: {}\n    expect: {}\n",
+                "its expect checks nothing; give at least one of desired, reason, state",
+            ),
+            (
+                "kind: scaling\ncases:\n  - name: x\n",
+                "neither an input nor expectSettingsError",
+            ),
+            (
+                "kind: scaling\ncases:\n  - name: x\n    settings: {a: 1}\n    expectSettingsError: a\n    input: {}\n    expect: {desired: 1}\n",
+                "its input and expect would never be checked",
+            ),
+            (
+                "kind: scaling\ncases:\n  - name: x\n    input: {}\n    expect: {desired: 1}\n    expectError: boom\n",
+                "both expect and expectError",
+            ),
+            ("kind: sideways\ncases: []\n", "sideways"),
+        ];
+        for (yaml, expected) in table {
+            let err = refused(yaml);
+            assert!(err.contains(expected), "{yaml}: {err}");
+        }
         assert!(Suite::from_yaml("kind: pod-validation\ncases:\n  - name: x\n    input: {}\n    expect: {violations: []}\n").is_ok());
+        assert!(Suite::from_yaml("kind: scaling\ncases:\n  - name: x\n    settings: {anything: [1]}\n    expectSettingsError: anything\n").is_ok());
+    }
+
+    #[test]
+    fn misspelt_keys_are_refused_with_their_path() {
+        let table: &[(&str, &str)] = &[
+            (
+                "kind: scaling\ncases:\n  - name: x\n    input: {scaleSet: {minRunner: 1}}\n    expect: {desired: 1}\n",
+                "case \"x\": `cases[0].input.scaleSet.minRunner` is not a field; did you mean `minRunners`?",
+            ),
+            (
+                "kind: scaling\ncases:\n  - name: x\n    input: {}\n    expect: {desird: 1}\n",
+                "case \"x\": `cases[0].expect.desird` is not a field; did you mean `desired`?",
+            ),
+            (
+                "kind: deregistration\ncases:\n  - name: ok\n    input: {}\n    expect: {verdict: remove-now}\n  - name: y\n    input: {}\n    expect: {desired: 1}\n",
+                "case \"y\": `cases[1].expect.desired` is not a field; the fields are verdict, reason",
+            ),
+            (
+                "kind: pod-validation\ncases:\n  - name: x\n    input: {}\n    expect: {violations: [{path: a, mesage: b}]}\n",
+                "`cases[0].expect.violations[0].mesage` is not a field; did you mean `message`?",
+            ),
+            (
+                "kind: scaling\ncases:\n  - name: x\n    input: {}\n    expct: {desired: 1}\n",
+                "`cases[0].expct` is not a field; did you mean `expect`?",
+            ),
+            (
+                "kind: scaling\ncase:\n  - name: x\n",
+                "`case` is not a field; did you mean `cases`?",
+            ),
+        ];
+        for (yaml, expected) in table {
+            let err = refused(yaml);
+            assert!(err.contains(expected), "{yaml}: {err}");
+        }
     }
 
     #[test]

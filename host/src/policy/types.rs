@@ -5,12 +5,19 @@
 //! so a suite case states only what the policy under test looks at. The
 //! runtime converts it to the generated WIT types at the call boundary;
 //! nothing outside this layer sees those.
+//!
+//! Because every field defaults to zero, a misspelt key would silently be a
+//! zero (`minRunner: 3` is a scale set with no minimum), and a suite would
+//! pass while testing something else. So unknown keys are refused, and
+//! [`from_json`] says where and what was probably meant:
+//! `` `scaleSet.minRunner` is not a field; did you mean `minRunners`? ``.
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A scale set as its AutoscalingRunnerSet declares it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct ScaleSet {
     /// The scale set's name.
     pub name: String,
@@ -26,7 +33,7 @@ pub struct ScaleSet {
 
 /// The job statistics of the last message from the Actions service.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct JobStatistics {
     /// Jobs waiting for a runner.
     pub available_jobs: u32,
@@ -46,7 +53,7 @@ pub struct JobStatistics {
 
 /// The scale set's EphemeralRunners by phase.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct RunnerCounts {
     /// Pending runners.
     pub pending: u32,
@@ -66,7 +73,7 @@ pub struct RunnerCounts {
 
 /// The input of a scaling decision.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct ScalingInput {
     /// The scale set.
     pub scale_set: ScaleSet,
@@ -155,7 +162,7 @@ impl<'de> Deserialize<'de> for RunnerPhase {
 
 /// How a runner ended: the input of a deregistration decision.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct RunnerEnding {
     /// The EphemeralRunner's name.
     pub name: String,
@@ -197,7 +204,7 @@ pub struct DeregistrationDecision {
 
 /// The input of a pod-validation decision.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct PodValidationInput {
     /// The runner PodTemplateSpec, as JSON.
     pub template: serde_json::Value,
@@ -234,9 +241,146 @@ pub enum Decision {
     PodValidation(PodValidationDecision),
 }
 
+/// Parses the JSON form of an input (or any strict document), naming the
+/// path of the first problem and suggesting the field a misspelt key meant.
+pub fn from_json<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, String> {
+    from_json_at("", value)
+}
+
+/// [`from_json`] for a value found at `prefix` of a larger document
+/// (`cases[2].input`), so the message names the whole path.
+pub fn from_json_at<T: DeserializeOwned>(
+    prefix: &str,
+    value: &serde_json::Value,
+) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = match e.path().to_string() {
+            path if path == "." => String::new(),
+            path => path,
+        };
+        describe(&join_path(prefix, &path), e.inner())
+    })
+}
+
+/// `prefix` and `path` as one path: `cases[0]` + `input.now`, `cases` + `[0]`.
+pub(crate) fn join_path(prefix: &str, path: &str) -> String {
+    match (prefix, path) {
+        ("", path) => path.to_string(),
+        (prefix, "") => prefix.to_string(),
+        (prefix, path) if path.starts_with('[') => format!("{prefix}{path}"),
+        (prefix, path) => format!("{prefix}.{path}"),
+    }
+}
+
+/// Says what went wrong at `path` in words a policy author can act on.
+fn describe(path: &str, error: &impl std::fmt::Display) -> String {
+    let message = error.to_string();
+    // serde's wording, stable since 1.0: unknown field `x`, expected `a`,
+    // `a` or `b`, one of `a`, `b`, ..., or "there are no fields".
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        let mut quoted = rest.split('`').step_by(2);
+        let field = quoted.next().unwrap_or_default();
+        let fields: Vec<&str> = quoted.collect();
+        // The path usually ends with the unknown key already.
+        let parent = match path.strip_suffix(field) {
+            Some(parent) if parent.is_empty() || parent.ends_with('.') => {
+                parent.trim_end_matches('.')
+            }
+            _ => path,
+        };
+        return not_a_field(parent, field, &fields);
+    }
+    match path {
+        "" => message,
+        path => format!("at `{path}`: {message}"),
+    }
+}
+
+/// The message for a key `field` found at `parent` where only `fields` are
+/// accepted: `` `scaleSet.minRunner` is not a field; did you mean `minRunners`? ``.
+pub(crate) fn not_a_field(parent: &str, field: &str, fields: &[&str]) -> String {
+    let location = join_path(parent, field);
+    let hint = match (closest(field, fields), fields) {
+        (_, []) => " (it takes no fields)".to_string(),
+        (Some(best), _) => format!("; did you mean `{best}`?"),
+        (None, fields) => format!("; the fields are {}", fields.join(", ")),
+    };
+    format!("`{location}` is not a field{hint}")
+}
+
+/// The candidate a misspelling most likely meant: the nearest by edit
+/// distance (ignoring case), if it is near enough to be a slip of the
+/// fingers rather than another word.
+pub(crate) fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    let word = word.to_lowercase();
+    candidates
+        .iter()
+        .map(|candidate| {
+            let distance = strsim::damerau_levenshtein(&word, &candidate.to_lowercase());
+            (distance, *candidate)
+        })
+        .filter(|(distance, candidate)| *distance <= (candidate.chars().count() / 3).max(1))
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, candidate)| candidate)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn misspelt_keys_are_named_with_their_path_and_a_suggestion() {
+        let cases: &[(&str, &str)] = &[
+            (
+                r#"{"scaleSet": {"minRunner": 3}}"#,
+                "`scaleSet.minRunner` is not a field; did you mean `minRunners`?",
+            ),
+            (
+                r#"{"statistics": {"assignedjobs": 3}}"#,
+                "`statistics.assignedjobs` is not a field; did you mean `assignedJobs`?",
+            ),
+            (
+                r#"{"curentDesired": 1}"#,
+                "`curentDesired` is not a field; did you mean `currentDesired`?",
+            ),
+            (
+                r#"{"runners": {"zebra": 1}}"#,
+                "`runners.zebra` is not a field; the fields are pending, running, busy, succeeded, failed, outdated, deleting",
+            ),
+            (
+                r#"{"scaleSet": {"maxRunners": "ten"}}"#,
+                "at `scaleSet.maxRunners`: invalid type: string \"ten\", expected u32",
+            ),
+        ];
+        for (json, expected) in cases {
+            let value: serde_json::Value = serde_json::from_str(json).unwrap();
+            assert_eq!(
+                from_json::<ScalingInput>(&value).unwrap_err(),
+                *expected,
+                "{json}"
+            );
+        }
+        let value = serde_json::json!({"exitcode": 1});
+        assert_eq!(
+            from_json::<RunnerEnding>(&value).unwrap_err(),
+            "`exitcode` is not a field; did you mean `exitCode`?"
+        );
+        let value = serde_json::json!({"template": {}, "templat": {}});
+        assert_eq!(
+            from_json::<PodValidationInput>(&value).unwrap_err(),
+            "`templat` is not a field; did you mean `template`?"
+        );
+    }
+
+    #[test]
+    fn suggestions_are_near_misses_only() {
+        let fields = ["desired", "reason", "state"];
+        assert_eq!(closest("desird", &fields), Some("desired"));
+        assert_eq!(closest("Reason", &fields), Some("reason"));
+        assert_eq!(closest("sate", &fields), Some("state"));
+        assert_eq!(closest("verdict", &fields), None);
+        assert_eq!(closest("x", &fields), None);
+    }
 
     #[test]
     fn omitted_fields_default_to_zero() {
