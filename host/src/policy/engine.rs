@@ -4,11 +4,13 @@
 use std::collections::HashMap;
 use std::fs;
 use std::hash::{Hash, Hasher};
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lru::LruCache;
 use sha2::{Digest, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime::component::{Component, HasSelf, Linker};
@@ -43,6 +45,12 @@ pub struct EngineConfig {
     /// p50 went from ~25 us (0) and ~20 us (64 KiB) to ~13 us (1 MiB). The
     /// cost is at most this many resident bytes per pooled memory.
     pub memory_keep_resident: usize,
+    /// How many compiled modules are kept in memory. ConfigMap updates
+    /// produce new digests; without a bound a policy edited every minute
+    /// would grow the controller forever. When full, the module used least
+    /// recently is dropped, one at a time: the modules the scale sets are
+    /// running stay compiled however many versions come and go.
+    pub compiled_cache_entries: usize,
 }
 
 impl Default for EngineConfig {
@@ -54,14 +62,10 @@ impl Default for EngineConfig {
             max_module_size: 4 * 1024 * 1024,
             cache_dir: None,
             memory_keep_resident: 1024 * 1024,
+            compiled_cache_entries: 64,
         }
     }
 }
-
-/// The largest number of compiled modules kept in memory. ConfigMap updates
-/// produce new digests; without a bound a policy edited every minute would
-/// grow the controller forever.
-const MEMORY_CACHE_ENTRIES: usize = 64;
 
 /// One wasmtime `Engine` for the process, with what every module shares.
 ///
@@ -79,7 +83,7 @@ struct Inner {
     linker: Linker<HostState>,
     config: EngineConfig,
     permits: Arc<Semaphore>,
-    compiled: Mutex<HashMap<[u8; 32], Component>>,
+    compiled: Mutex<LruCache<[u8; 32], Component>>,
     /// One gate per digest being compiled. Every object that refers to a
     /// ConfigMap loads its new version when the ConfigMap changes; without
     /// the gate each would compile the same module at once, and a policy
@@ -103,6 +107,9 @@ impl PolicyEngine {
                 "max_concurrency must be at least 1".into(),
             ));
         }
+        let cache_entries = NonZeroUsize::new(config.compiled_cache_entries).ok_or_else(|| {
+            PolicyError::Engine("compiled_cache_entries must be at least 1".into())
+        })?;
         let slots = u32::try_from(config.max_concurrency)
             .map_err(|_| PolicyError::Engine("max_concurrency is too large".into()))?;
         let mut pool = PoolingAllocationConfig::new();
@@ -150,7 +157,7 @@ impl PolicyEngine {
                 engine,
                 linker,
                 config,
-                compiled: Mutex::new(HashMap::new()),
+                compiled: Mutex::new(LruCache::new(cache_entries)),
                 compiling: Mutex::new(HashMap::new()),
                 compilations: AtomicU64::new(0),
                 compat_hash,
@@ -278,15 +285,14 @@ impl PolicyEngine {
             .compiled
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if compiled.len() >= MEMORY_CACHE_ENTRIES {
-            compiled.clear();
-        }
-        compiled.insert(*digest, component.clone());
+        compiled.put(*digest, component.clone());
         Ok(component)
     }
 
+    /// The compiled module of `digest`, if kept; finding it makes it the
+    /// most recently used.
     fn cached(&self, digest: &[u8; 32]) -> Option<Component> {
-        let compiled = self
+        let mut compiled = self
             .inner
             .compiled
             .lock()
@@ -372,6 +378,35 @@ mod tests {
             Err(PolicyError::CoreModule)
         ));
         assert!(sniff(b"\0asm\x0d\0\x01\0").is_ok());
+    }
+
+    #[test]
+    fn the_compile_cache_drops_the_least_recently_used_module() {
+        let engine = PolicyEngine::new(EngineConfig {
+            compiled_cache_entries: 2,
+            ..EngineConfig::default()
+        })
+        .unwrap();
+        let load = |name: &str| {
+            engine.load_builtin(PolicyKind::Scaling, name).unwrap();
+            engine.compilations()
+        };
+        assert_eq!(load("default"), 1);
+        assert_eq!(load("buffered"), 2);
+        // Using `default` makes `buffered` the least recently used...
+        assert_eq!(load("default"), 2);
+        // ...so the third module pushes out `buffered` alone.
+        assert_eq!(load("cooldown"), 3);
+        assert_eq!(load("default"), 3);
+        assert_eq!(load("cooldown"), 3);
+        assert_eq!(load("buffered"), 4);
+        assert!(matches!(
+            PolicyEngine::new(EngineConfig {
+                compiled_cache_entries: 0,
+                ..EngineConfig::default()
+            }),
+            Err(PolicyError::Engine(_))
+        ));
     }
 
     #[test]
