@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use arcwright::policy::reporter::RecordingReporter;
-use arcwright::policy::types::{ScaleSet, ScalingInput};
+use arcwright::policy::types::{Decision, ScaleSet, ScalingDecision, ScalingInput};
 use arcwright::policy::{CallLimits, Decider, EngineConfig, Policy, PolicyEngine, PolicyKind};
 
 fn policy(engine: &PolicyEngine, name: &str) -> Arc<Policy> {
@@ -78,6 +78,96 @@ fn state_is_handed_back_to_the_module_that_wrote_it() {
         "{}",
         again.decision.reason
     );
+}
+
+/// A cooldown sequence: a lull, a decision inside the cooldown, the
+/// cooldown running out, a burst and a long quiet.
+const SEQUENCE: [(u32, &str); 6] = [
+    (2, "2026-11-30T09:00:00Z"),
+    (3, "2026-11-30T09:02:00Z"),
+    (1, "2026-11-30T09:04:59Z"),
+    (1, "2026-11-30T09:05:00Z"),
+    (6, "2026-11-30T09:06:00Z"),
+    (0, "2026-11-30T09:20:00Z"),
+];
+
+/// What a decision is compared on: the answer, the reason and the state.
+fn answer(decision: &ScalingDecision) -> (u32, String, Option<String>) {
+    (
+        decision.desired,
+        decision.reason.clone(),
+        decision
+            .state
+            .as_ref()
+            .map(|s| String::from_utf8(s.clone()).unwrap()),
+    )
+}
+
+#[test]
+fn a_stateful_policy_answers_alike_through_the_decider_and_through_eval() {
+    let engine = PolicyEngine::new(EngineConfig::default()).unwrap();
+    let cooldown = policy(&engine, "cooldown");
+
+    // The suites' and `policy eval`'s way: the JSON input carries the state
+    // the previous answer returned.
+    let mut state: Option<String> = None;
+    let mut by_eval = Vec::new();
+    for (assigned, now) in SEQUENCE {
+        let mut json = serde_json::to_value(input(assigned, now)).unwrap();
+        json["state"] = serde_json::json!(state);
+        let Decision::Scaling(decision) = cooldown.decide_json(&json).unwrap() else {
+            panic!("a scaling policy answers with a scaling decision");
+        };
+        let seen = answer(&decision);
+        state = seen.2.clone();
+        by_eval.push(seen);
+    }
+    assert!(by_eval.iter().any(|(_, _, state)| state.is_some()));
+    assert_ne!(
+        by_eval[2].0, by_eval[3].0,
+        "the cooldown ran out: {by_eval:?}"
+    );
+
+    // The decider keeping the state itself.
+    let decider = Decider::new(
+        Arc::clone(&cooldown),
+        policy(&engine, "default"),
+        Arc::new(RecordingReporter::new()),
+    );
+    let kept: Vec<_> = SEQUENCE
+        .iter()
+        .map(|&(assigned, now)| {
+            answer(
+                &decider
+                    .scaling_blocking(&input(assigned, now))
+                    .unwrap()
+                    .decision,
+            )
+        })
+        .collect();
+    assert_eq!(kept, by_eval);
+
+    // A caller handing the state in: the decider honours it over what it
+    // kept from its own earlier calls (here, a lull that began a day before).
+    let caller = Decider::new(
+        Arc::clone(&cooldown),
+        policy(&engine, "default"),
+        Arc::new(RecordingReporter::new()),
+    );
+    caller
+        .scaling_blocking(&input(0, "2026-11-29T09:00:00Z"))
+        .unwrap();
+    let given: Vec<_> = SEQUENCE
+        .iter()
+        .enumerate()
+        .skip(1)
+        .map(|(step, &(assigned, now))| {
+            let mut input = input(assigned, now);
+            input.state = by_eval[step - 1].2.clone();
+            answer(&caller.scaling_blocking(&input).unwrap().decision)
+        })
+        .collect();
+    assert_eq!(given, by_eval[1..]);
 }
 
 #[test]

@@ -41,6 +41,12 @@ pub struct Decided<T> {
 /// in, or the default answers instead, it is not passed on, because another
 /// module cannot be trusted to read it. It lives in memory only, as the WIT
 /// contract says. Clones share the policy, the state and the reporter.
+///
+/// A caller that holds the state itself passes it as `ScalingInput::state`,
+/// exactly as `arcwright policy eval` and the suites do, and that state is
+/// the one the policy gets; the kept state is used only when the input
+/// carries none. So a sequence of decisions gives the same answers here as
+/// the same sequence in a suite, whichever side keeps the state.
 #[derive(Clone)]
 pub struct Decider {
     current: Arc<ArcSwap<Policy>>,
@@ -107,8 +113,8 @@ impl Decider {
         &self.reporter
     }
 
-    /// A scaling decision, off the async workers. The state the policy
-    /// returned last time is handed back; `input.state` is ignored.
+    /// A scaling decision, off the async workers. The policy gets
+    /// `input.state` when given, otherwise the state it returned last time.
     pub async fn scaling(
         &self,
         input: ScalingInput,
@@ -175,9 +181,11 @@ impl Decider {
                 .filter(|kept| kept.sha256 == sha256)
                 .map(|kept| kept.bytes.clone())
         };
+        let given = input.state.as_ref().map(|state| state.as_bytes().to_vec());
         let decided = self.decide(permit, |policy, permit| {
             let sha256 = policy.module().sha256();
-            let decision = policy.scaling_with_state(permit, input, kept(sha256))?;
+            let state = given.clone().or_else(|| kept(sha256));
+            let decision = policy.scaling_with_state(permit, input, state)?;
             // Only the configured policy's state is kept: the default
             // answering for a failed policy must not overwrite it.
             if !Arc::ptr_eq(policy, &self.fallback) || Arc::ptr_eq(&self.current(), &self.fallback)
