@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arcwright::policy::bundled;
-use arcwright::policy::loader::{ConfigMapPolicyRef, PolicyLoader, PolicyRef};
+use arcwright::policy::loader::{
+    ConfigMapPolicyRef, LoadedPolicy, PolicyLoader, PolicyRef, RetryBackoff,
+};
 use arcwright::policy::reporter::RecordingReporter;
 use arcwright::policy::types::ScalingInput;
 use arcwright::policy::{EngineConfig, PolicyEngine, PolicyEvent, PolicyKind};
@@ -74,6 +76,45 @@ async fn replace(api: &Api<ConfigMap>, name: &str, wasm: &[u8]) {
         .unwrap();
 }
 
+/// A reference to `key` of ConfigMap `name`.
+fn configmap_ref(name: &str, key: &str) -> PolicyRef {
+    PolicyRef {
+        config_map_ref: Some(ConfigMapPolicyRef {
+            name: name.into(),
+            key: key.into(),
+        }),
+        ..PolicyRef::default()
+    }
+}
+
+/// Loads a scaling `spec` for an object in the test's namespace.
+async fn load(
+    loader: &PolicyLoader,
+    env: &TestEnv,
+    spec: &PolicyRef,
+    reporter: &Arc<RecordingReporter>,
+) -> LoadedPolicy {
+    loader
+        .load(
+            PolicyKind::Scaling,
+            env.namespace(),
+            Some(spec),
+            reporter.clone(),
+        )
+        .await
+        .expect("a reference always loads, falling back to the default")
+}
+
+/// Follows the module under `policy.wasm` of ConfigMap `name`.
+async fn follow(
+    loader: &PolicyLoader,
+    env: &TestEnv,
+    name: &str,
+    reporter: &Arc<RecordingReporter>,
+) -> LoadedPolicy {
+    load(loader, env, &configmap_ref(name, "policy.wasm"), reporter).await
+}
+
 #[tokio::test]
 async fn configmap_versions_are_swapped_in_and_bad_ones_are_kept_out() {
     let env = TestEnv::new("policy-loader").await;
@@ -90,22 +131,8 @@ async fn configmap_versions_are_swapped_in_and_bad_ones_are_kept_out() {
     let engine = PolicyEngine::new(EngineConfig::default()).unwrap();
     let loader = PolicyLoader::new(engine, Some(env.client()));
     let reporter = Arc::new(RecordingReporter::new());
-    let spec = PolicyRef {
-        config_map_ref: Some(ConfigMapPolicyRef {
-            name: "scaler".into(),
-            key: "policy.wasm".into(),
-        }),
-        ..PolicyRef::default()
-    };
-    let policy = loader
-        .load(
-            PolicyKind::Scaling,
-            env.namespace(),
-            Some(&spec),
-            reporter.clone(),
-        )
-        .await
-        .expect("a reference always loads, falling back to the default");
+    let spec = configmap_ref("scaler", "policy.wasm");
+    let policy = load(&loader, &env, &spec, &reporter).await;
     let decider = policy.decider();
 
     // Create: the first version decides.
@@ -159,21 +186,22 @@ async fn configmap_versions_are_swapped_in_and_bad_ones_are_kept_out() {
     assert_eq!(decider.current().module().sha256(), digest(cooldown));
 
     // An update that does not touch the module is not reloaded or reported.
-    let before = reporter.events().len();
+    // A reference sees the ConfigMap's versions in order, so once a later
+    // version that is reported (a bad module) has been reported, the
+    // label-only update before it has been seen, and said nothing.
     replace(&api, "scaler", cooldown).await;
-    assert!(reporter.wait_for(2, WAIT, loaded(&digest(cooldown))).await);
+    expect_events(&reporter, 2, loaded(&digest(cooldown))).await;
+    let before = reporter.events().len();
     let mut cm = api.get("scaler").await.unwrap();
     cm.metadata.labels = Some(BTreeMap::from([("touched".to_string(), "yes".to_string())]));
     api.replace("scaler", &PostParams::default(), &cm)
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        reporter.events().len(),
-        before + 1,
-        "{:?}",
-        reporter.events()
-    );
+    replace(&api, "scaler", b"\0asm\x0d\0\x01\0 and other garbage").await;
+    expect_events(&reporter, 2, load_failed("invalid-module")).await;
+    let events = reporter.events();
+    assert_eq!(events.len(), before + 1, "{events:?}");
+    assert_eq!(decider.current().module().sha256(), digest(cooldown));
 
     // Delete: reported, and the last good version keeps deciding.
     api.delete("scaler", &DeleteParams::default())
@@ -192,22 +220,10 @@ async fn a_missing_configmap_decides_with_the_default_until_it_appears() {
     let loader = PolicyLoader::new(engine, Some(env.client()));
     let reporter = Arc::new(RecordingReporter::new());
     let spec = PolicyRef {
-        config_map_ref: Some(ConfigMapPolicyRef {
-            name: "later".into(),
-            key: "module".into(),
-        }),
         settings: Some(serde_json::json!({})),
-        ..PolicyRef::default()
+        ..configmap_ref("later", "module")
     };
-    let policy = loader
-        .load(
-            PolicyKind::Scaling,
-            env.namespace(),
-            Some(&spec),
-            reporter.clone(),
-        )
-        .await
-        .expect("a reference always loads, falling back to the default");
+    let policy = load(&loader, &env, &spec, &reporter).await;
     expect_events(&reporter, 1, load_failed("configmap-missing")).await;
     let decided = policy
         .decider()
@@ -260,22 +276,10 @@ async fn a_pinned_digest_refuses_other_versions() {
     let loader = PolicyLoader::new(engine, Some(env.client()));
     let reporter = Arc::new(RecordingReporter::new());
     let spec = PolicyRef {
-        config_map_ref: Some(ConfigMapPolicyRef {
-            name: "pinned".into(),
-            key: "policy.wasm".into(),
-        }),
         sha256: Some(digest(wasm("buffered"))),
-        ..PolicyRef::default()
+        ..configmap_ref("pinned", "policy.wasm")
     };
-    let policy = loader
-        .load(
-            PolicyKind::Scaling,
-            env.namespace(),
-            Some(&spec),
-            reporter.clone(),
-        )
-        .await
-        .expect("a reference always loads, falling back to the default");
+    let policy = load(&loader, &env, &spec, &reporter).await;
     expect_events(&reporter, 1, load_failed("digest-mismatch")).await;
     assert_eq!(policy.decider().current().label(), "builtin:default");
 
@@ -333,22 +337,10 @@ async fn a_version_that_rejects_the_settings_is_kept_out() {
     let loader = PolicyLoader::new(engine, Some(env.client()));
     let reporter = Arc::new(RecordingReporter::new());
     let spec = PolicyRef {
-        config_map_ref: Some(ConfigMapPolicyRef {
-            name: "warm".into(),
-            key: "policy.wasm".into(),
-        }),
         settings: Some(serde_json::json!({ "idle": 3 })),
-        ..PolicyRef::default()
+        ..configmap_ref("warm", "policy.wasm")
     };
-    let policy = loader
-        .load(
-            PolicyKind::Scaling,
-            env.namespace(),
-            Some(&spec),
-            reporter.clone(),
-        )
-        .await
-        .expect("a reference always loads, falling back to the default");
+    let policy = load(&loader, &env, &spec, &reporter).await;
     assert!(
         reporter
             .wait_for(1, WAIT, loaded(&digest(wasm("buffered"))))
@@ -379,4 +371,209 @@ async fn a_version_that_rejects_the_settings_is_kept_out() {
         .await
         .unwrap();
     assert_eq!(decided.decision.desired, 3, "{decided:?}");
+}
+
+#[tokio::test]
+async fn references_to_one_configmap_share_one_watch() {
+    let env = TestEnv::new("policy-loader-shared").await;
+    let api: Api<ConfigMap> = Api::namespaced(env.client(), env.namespace());
+    let (buffered, cooldown) = (wasm("buffered"), wasm("cooldown"));
+    for name in ["org-wide", "other"] {
+        api.create(
+            &PostParams::default(),
+            &configmap(name, "policy.wasm", buffered),
+        )
+        .await
+        .unwrap();
+    }
+    let engine = PolicyEngine::new(EngineConfig::default()).unwrap();
+    let loader = PolicyLoader::new(engine.clone(), Some(env.client()));
+    let reporter = Arc::new(RecordingReporter::new());
+    let mut policies = Vec::new();
+    for _ in 0..50 {
+        let policy = follow(&loader, &env, "org-wide", &reporter).await;
+        policies.push(policy);
+    }
+    assert_eq!(loader.configmap_watches(), 1);
+    expect_events(&reporter, 50, loaded(&digest(buffered))).await;
+
+    // Another ConfigMap is another watch, gone with its last reference.
+    let other = follow(&loader, &env, "other", &reporter).await;
+    assert_eq!(loader.configmap_watches(), 2);
+    drop(other);
+    assert_eq!(loader.configmap_watches(), 1);
+
+    // One update reaches every reference, compiled once.
+    let compiled = engine.compilations();
+    replace(&api, "org-wide", cooldown).await;
+    expect_events(&reporter, 50, loaded(&digest(cooldown))).await;
+    for policy in &policies {
+        assert_eq!(
+            policy.decider().current().module().sha256(),
+            digest(cooldown)
+        );
+    }
+    assert_eq!(engine.compilations(), compiled + 1);
+
+    // The watch lives as long as one reference does.
+    let last = policies.pop().unwrap();
+    drop(policies);
+    assert_eq!(loader.configmap_watches(), 1);
+    drop(last);
+    assert_eq!(loader.configmap_watches(), 0);
+
+    // A reference made afterwards starts a fresh watch and sees the
+    // ConfigMap as it is.
+    let again = follow(&loader, &env, "org-wide", &reporter).await;
+    assert_eq!(loader.configmap_watches(), 1);
+    expect_events(&reporter, 51, loaded(&digest(cooldown))).await;
+    assert_eq!(
+        again.decider().current().module().sha256(),
+        digest(cooldown)
+    );
+}
+
+/// Holds up, while closed, the log line the slow guest writes from inside
+/// `validate-settings`, the way a loaded node holds up a guest: the call
+/// then overruns its deadline. Opening it lets the same bytes load.
+mod gate {
+    use std::sync::Once;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use tracing::field::{Field, Visit};
+    use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+    /// What the slow guest logs.
+    pub const MARK: &str = "validating behind the gate";
+
+    static CLOSED: AtomicBool = AtomicBool::new(false);
+
+    pub fn close() {
+        install();
+        CLOSED.store(true, Ordering::SeqCst);
+    }
+
+    pub fn open() {
+        CLOSED.store(false, Ordering::SeqCst);
+    }
+
+    fn install() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Gate))
+                .expect("no other subscriber in this test binary");
+        });
+    }
+
+    struct Gate;
+
+    struct Message(bool);
+
+    impl Visit for Message {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" && format!("{value:?}").contains(MARK) {
+                self.0 = true;
+            }
+        }
+    }
+
+    impl<S: tracing::Subscriber> Layer<S> for Gate {
+        fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+            let mut message = Message(false);
+            event.record(&mut message);
+            if message.0 && CLOSED.load(Ordering::SeqCst) {
+                // Ten times the guest's deadline.
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+    }
+}
+
+/// A scaling policy whose `validate-settings` logs [`gate::MARK`], then runs
+/// a short loop (where the engine checks the deadline) and accepts. Written
+/// as a core module and made a component against `wit/policy.wit`, as
+/// `cargo build --target wasm32-wasip2` does for a Rust guest.
+fn slow_to_validate_component() -> Vec<u8> {
+    let core = format!(
+        r#"(module
+            (import "arcwright:policy/host@0.1.0" "log" (func $log (param i32 i32 i32)))
+            (memory (export "memory") 1)
+            (global $heap (mut i32) (i32.const 4096))
+            (data (i32.const 1024) "{mark}")
+            (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32)
+                (local $at i32)
+                (local.set $at (i32.and
+                    (i32.add (global.get $heap) (i32.sub (local.get 2) (i32.const 1)))
+                    (i32.sub (i32.const 0) (local.get 2))))
+                (global.set $heap (i32.add (local.get $at) (local.get 3)))
+                (local.get $at))
+            (func (export "arcwright:policy/scaling@0.1.0#validate-settings")
+                (param i32 i32) (result i32)
+                (local $i i32)
+                (call $log (i32.const 1) (i32.const 1024) (i32.const {len}))
+                (local.set $i (i32.const 100))
+                (loop $spin
+                    (local.set $i (i32.sub (local.get $i) (i32.const 1)))
+                    (br_if $spin (local.get $i)))
+                (i32.store8 (i32.const 2048) (i32.const 0))
+                (i32.const 2048))
+            (func (export "arcwright:policy/scaling@0.1.0#decide") (param i32) (result i32)
+                unreachable))"#,
+        mark = gate::MARK,
+        len = gate::MARK.len(),
+    );
+    let mut module = wat::parse_str(core).unwrap();
+    let mut resolve = wit_parser::Resolve::new();
+    let wit = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit");
+    let (package, _) = resolve.push_path(wit).unwrap();
+    let world = resolve
+        .select_world(&[package], Some("scaling-policy"))
+        .unwrap();
+    wit_component::embed_component_metadata(
+        &mut module,
+        &resolve,
+        world,
+        wit_component::StringEncoding::UTF8,
+    )
+    .unwrap();
+    wit_component::ComponentEncoder::default()
+        .validate(true)
+        .module(&module)
+        .unwrap()
+        .encode()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_version_that_failed_for_a_transient_reason_loads_once_the_reason_passes() {
+    let env = TestEnv::new("policy-loader-transient").await;
+    let api: Api<ConfigMap> = Api::namespaced(env.client(), env.namespace());
+    let slow = slow_to_validate_component();
+    let engine = PolicyEngine::new(EngineConfig::default()).unwrap();
+    // The component is sound: with the gate open it loads.
+    engine.load(&slow, Some(PolicyKind::Scaling)).unwrap();
+
+    gate::close();
+    api.create(
+        &PostParams::default(),
+        &configmap("hiccup", "policy.wasm", &slow),
+    )
+    .await
+    .unwrap();
+    let loader = PolicyLoader::new(engine, Some(env.client())).with_retry_backoff(RetryBackoff {
+        first: Duration::from_millis(50),
+        max: Duration::from_millis(200),
+    });
+    let reporter = Arc::new(RecordingReporter::new());
+    let policy = follow(&loader, &env, "hiccup", &reporter).await;
+    // Refused while the node is "loaded", and tried again while it is.
+    expect_events(&reporter, 3, load_failed("timeout")).await;
+    assert_eq!(policy.decider().current().label(), "builtin:default");
+
+    // The same bytes load once the cause is gone, with nobody touching
+    // the ConfigMap.
+    gate::open();
+    expect_events(&reporter, 1, loaded(&digest(&slow))).await;
+    assert_eq!(policy.decider().current().module().sha256(), digest(&slow));
 }

@@ -8,8 +8,31 @@
 //! then swapped in atomically. A version that fails any step never decides;
 //! the last good one stays (or the bundled default, when there never was a
 //! good one), and a [`PolicyEvent::LoadFailed`] says why.
+//!
+//! # One watch per ConfigMap
+//!
+//! Many scale sets name the same ConfigMap (one policy for a whole
+//! organisation is the common case), so the loader keeps one watch per
+//! ConfigMap, not per reference: the references subscribe to it, each gets
+//! every version in order, and the watch stops when the last reference is
+//! dropped. Fifty scale sets cost the API server one watch, and the engine
+//! one compilation per version (its cache is keyed by digest). What each
+//! reference does with a version (its key, pin, settings and limits) stays
+//! its own.
+//!
+//! # Transient and permanent failures
+//!
+//! A version that fails for a reason in its bytes or in the reference (not
+//! WebAssembly, the wrong world, a pin mismatch, settings refused) fails the
+//! same way every time, so it is reported once and left alone until the
+//! ConfigMap changes. A version that failed because of the machine
+//! (`validate-settings` missing its deadline on a loaded node, see
+//! [`PolicyError::is_transient`]) is tried again with growing delays until
+//! it loads or another version replaces it: otherwise a good version would
+//! stay refused until someone happened to edit the ConfigMap.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -19,18 +42,13 @@ use kube::{Api, Client};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use super::{
     CallLimits, Decider, Policy, PolicyEngine, PolicyError, PolicyEvent, PolicyKind, PolicyReporter,
 };
-
-/// How often a version that failed for a transient reason is tried again
-/// before it is reported as failed.
-const TRANSIENT_RETRIES: u32 = 3;
-
-/// The wait before the first retry; later retries wait longer (linearly).
-const TRANSIENT_RETRY_DELAY: Duration = Duration::from_millis(200);
 
 /// The ConfigMap key a module is read from unless the reference says otherwise.
 pub const DEFAULT_KEY: &str = "policy.wasm";
@@ -108,11 +126,74 @@ impl PolicyRef {
     }
 }
 
-/// A reference turned into a decider, plus the watch keeping it current.
-/// Dropping it stops the watch.
+/// How long to wait before trying again a version that failed for a
+/// transient reason: doubling from `first`, capped at `max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryBackoff {
+    /// The wait after the first failure.
+    pub first: Duration,
+    /// The longest wait.
+    pub max: Duration,
+}
+
+impl Default for RetryBackoff {
+    /// Half a second, doubling up to five minutes: quick enough that a
+    /// version refused by a hiccup is soon running, slow enough that a
+    /// node that stays overloaded is not asked to compile and validate
+    /// over and over.
+    fn default() -> Self {
+        Self {
+            first: Duration::from_millis(500),
+            max: Duration::from_secs(300),
+        }
+    }
+}
+
+impl RetryBackoff {
+    /// The wait after `failures` failed attempts (1 for the first).
+    pub fn delay(&self, failures: u32) -> Duration {
+        let doublings = failures.saturating_sub(1).min(31);
+        self.first
+            .checked_mul(1 << doublings)
+            .unwrap_or(self.max)
+            .min(self.max)
+    }
+}
+
+/// What follows a failed attempt to load a version: another attempt after a
+/// delay, or none until the ConfigMap changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// Try the same bytes again after this long.
+    RetryIn(Duration),
+    /// The version fails the same way every time; leave it alone.
+    GiveUp,
+}
+
+impl AfterFailure {
+    /// Decides for the `failures`-th failed attempt at a version.
+    pub fn decide(error: &PolicyError, failures: u32, backoff: &RetryBackoff) -> Self {
+        if error.is_transient() {
+            Self::RetryIn(backoff.delay(failures))
+        } else {
+            Self::GiveUp
+        }
+    }
+}
+
+/// A reference turned into a decider, plus the subscription keeping it
+/// current. Held by the controller for as long as the object refers to the
+/// policy; dropping it stops following the ConfigMap (and stops the watch
+/// when no other reference follows it).
 pub struct LoadedPolicy {
     decider: Decider,
-    watch: Option<JoinHandle<()>>,
+    following: Option<Following>,
+}
+
+/// A reference's task and its share of the ConfigMap's watch.
+struct Following {
+    task: JoinHandle<()>,
+    _watch: Arc<SharedWatch>,
 }
 
 impl LoadedPolicy {
@@ -120,12 +201,19 @@ impl LoadedPolicy {
     pub fn decider(&self) -> &Decider {
         &self.decider
     }
+
+    fn fixed(decider: Decider) -> Self {
+        Self {
+            decider,
+            following: None,
+        }
+    }
 }
 
 impl Drop for LoadedPolicy {
     fn drop(&mut self) {
-        if let Some(watch) = self.watch.take() {
-            watch.abort();
+        if let Some(following) = self.following.take() {
+            following.task.abort();
         }
     }
 }
@@ -135,12 +223,32 @@ impl Drop for LoadedPolicy {
 pub struct PolicyLoader {
     engine: PolicyEngine,
     client: Option<Client>,
+    watches: Arc<Watches>,
+    backoff: RetryBackoff,
 }
 
 impl PolicyLoader {
     /// A loader for `engine`; `client` is needed for ConfigMap references.
     pub fn new(engine: PolicyEngine, client: Option<Client>) -> Self {
-        Self { engine, client }
+        Self {
+            engine,
+            client,
+            watches: Arc::default(),
+            backoff: RetryBackoff::default(),
+        }
+    }
+
+    /// Retries versions that failed for a transient reason with `backoff`
+    /// instead of the default.
+    pub fn with_retry_backoff(mut self, backoff: RetryBackoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// How many ConfigMaps are being watched now: one per ConfigMap that
+    /// at least one loaded reference follows, however many follow it.
+    pub fn configmap_watches(&self) -> usize {
+        self.watches.live()
     }
 
     /// The bundled default of `kind`, configured with no settings.
@@ -187,10 +295,7 @@ impl PolicyLoader {
             Ok(limits) => limits,
             Err(error) => {
                 fail(error);
-                return Ok(LoadedPolicy {
-                    decider,
-                    watch: None,
-                });
+                return Ok(LoadedPolicy::fixed(decider));
             }
         };
         match (&spec.builtin, &spec.config_map_ref) {
@@ -198,20 +303,14 @@ impl PolicyLoader {
                 fail(PolicyError::InvalidReference(
                     "it names both a builtin and a configMapRef; choose one".into(),
                 ));
-                Ok(LoadedPolicy {
-                    decider,
-                    watch: None,
-                })
+                Ok(LoadedPolicy::fixed(decider))
             }
             (None, None)
                 if spec.settings.is_none()
                     && spec.timeout_millis.is_none()
                     && spec.memory_limit_mib.is_none() =>
             {
-                Ok(LoadedPolicy {
-                    decider,
-                    watch: None,
-                })
+                Ok(LoadedPolicy::fixed(decider))
             }
             (builtin, None) => {
                 let name = builtin.as_deref().unwrap_or(kind.default_builtin());
@@ -228,24 +327,18 @@ impl PolicyLoader {
                     }
                     Err(error) => fail(error),
                 }
-                Ok(LoadedPolicy {
-                    decider,
-                    watch: None,
-                })
+                Ok(LoadedPolicy::fixed(decider))
             }
             (None, Some(cm)) => {
-                let Some(client) = self.client.clone() else {
+                let Some(client) = &self.client else {
                     fail(PolicyError::InvalidReference(
                         "a configMapRef needs a connection to the API server".into(),
                     ));
-                    return Ok(LoadedPolicy {
-                        decider,
-                        watch: None,
-                    });
+                    return Ok(LoadedPolicy::fixed(decider));
                 };
-                let watch = ConfigMapWatch {
+                let (watch, versions) = self.watches.subscribe(client, namespace, &cm.name);
+                let follower = Follower {
                     engine: self.engine.clone(),
-                    api: Api::namespaced(client, namespace),
                     kind,
                     namespace: namespace.to_string(),
                     reference: cm.clone(),
@@ -253,11 +346,16 @@ impl PolicyLoader {
                     limits,
                     label,
                     decider: decider.clone(),
+                    backoff: self.backoff,
                     last_seen: None,
+                    retry: None,
                 };
                 Ok(LoadedPolicy {
                     decider,
-                    watch: Some(tokio::spawn(watch.run())),
+                    following: Some(Following {
+                        task: tokio::spawn(follower.run(versions)),
+                        _watch: watch,
+                    }),
                 })
             }
         }
@@ -293,20 +391,170 @@ fn check_pin(spec: &PolicyRef, wasm: &[u8]) -> Result<(), PolicyError> {
     Ok(())
 }
 
-/// What a ConfigMap held last time it was looked at, so an update that does
-/// not change the module (a label, an annotation, a resync) is not reloaded
-/// or reported again.
+/// What a watched ConfigMap holds, as its watch last saw it.
+#[derive(Debug)]
+enum Version {
+    /// The ConfigMap as it is now.
+    Present(Box<ConfigMap>),
+    /// It does not exist (any more).
+    Absent,
+    /// The watch failed; it retries by itself.
+    ReadFailed(String),
+}
+
+/// The watches the loader runs, by namespace and name. Entries are weak:
+/// the references hold the watches, and the last one to go stops it.
+#[derive(Default)]
+struct Watches {
+    live: Mutex<HashMap<(String, String), Weak<SharedWatch>>>,
+}
+
+impl Watches {
+    fn live(&self) -> usize {
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.values()
+            .filter(|watch| watch.strong_count() > 0)
+            .count()
+    }
+
+    /// A share of the watch of `namespace/name`, started if nobody holds
+    /// one, and the versions it sees from now on (starting with the
+    /// latest one it has seen, if any).
+    fn subscribe(
+        self: &Arc<Self>,
+        client: &Client,
+        namespace: &str,
+        name: &str,
+    ) -> (Arc<SharedWatch>, UnboundedReceiver<Arc<Version>>) {
+        let key = (namespace.to_string(), name.to_string());
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let watch = match live.get(&key).and_then(Weak::upgrade) {
+            Some(watch) => watch,
+            None => {
+                let hub = Arc::new(Mutex::new(Hub::default()));
+                let api = Api::namespaced(client.clone(), namespace);
+                let watch = Arc::new(SharedWatch {
+                    key: key.clone(),
+                    hub: Arc::clone(&hub),
+                    task: tokio::spawn(watch_configmap(api, name.to_string(), hub)),
+                    registry: Arc::downgrade(self),
+                });
+                live.insert(key, Arc::downgrade(&watch));
+                watch
+            }
+        };
+        let versions = watch
+            .hub
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .subscribe();
+        (watch, versions)
+    }
+}
+
+/// The watch of one ConfigMap, shared by every reference that follows it.
+struct SharedWatch {
+    key: (String, String),
+    hub: Arc<Mutex<Hub>>,
+    task: JoinHandle<()>,
+    registry: Weak<Watches>,
+}
+
+impl Drop for SharedWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+        if let Some(registry) = self.registry.upgrade() {
+            let mut live = registry.live.lock().unwrap_or_else(|e| e.into_inner());
+            // A reference may have started a new watch of the same
+            // ConfigMap while this one was being dropped; that one stays.
+            if live
+                .get(&self.key)
+                .is_some_and(|watch| watch.strong_count() == 0)
+            {
+                live.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// Hands every version a watch sees to each subscriber, in order.
+#[derive(Default)]
+struct Hub {
+    latest: Option<Arc<Version>>,
+    subscribers: Vec<UnboundedSender<Arc<Version>>>,
+}
+
+impl Hub {
+    fn publish(&mut self, version: Version) {
+        let version = Arc::new(version);
+        self.subscribers
+            .retain(|subscriber| subscriber.send(Arc::clone(&version)).is_ok());
+        self.latest = Some(version);
+    }
+
+    fn subscribe(&mut self) -> UnboundedReceiver<Arc<Version>> {
+        let (sender, receiver) = unbounded_channel();
+        if let Some(latest) = &self.latest {
+            // Cannot fail: the receiver is right here.
+            let _ = sender.send(Arc::clone(latest));
+        }
+        self.subscribers.push(sender);
+        receiver
+    }
+}
+
+/// The task behind a [`SharedWatch`]: follows one ConfigMap by name.
+async fn watch_configmap(api: Api<ConfigMap>, name: String, hub: Arc<Mutex<Hub>>) {
+    let publish = |version: Version| {
+        hub.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .publish(version);
+    };
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(api, config).default_backoff().boxed();
+    let mut listed = false;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Init) => listed = false,
+            Ok(watcher::Event::InitApply(cm) | watcher::Event::Apply(cm)) => {
+                listed = true;
+                publish(Version::Present(Box::new(cm)));
+            }
+            Ok(watcher::Event::InitDone) if !listed => publish(Version::Absent),
+            Ok(watcher::Event::InitDone) => {}
+            Ok(watcher::Event::Delete(_)) => publish(Version::Absent),
+            Err(err) => publish(Version::ReadFailed(err.to_string())),
+        }
+    }
+}
+
+/// What a ConfigMap held last time a reference looked at it, so an update
+/// that does not change the module (a label, an annotation, a resync) is
+/// not reloaded or reported again.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Seen {
-    Module(String),
+    /// This digest decides.
+    Loaded(String),
+    /// This digest failed for a reason it will fail for again.
+    Refused(String),
+    /// This digest failed for a transient reason and is being retried.
+    Retrying(String),
+    /// The ConfigMap could not be used; the message says why.
     Problem(String),
     Absent,
 }
 
-/// The task that follows one ConfigMap.
-struct ConfigMapWatch {
+/// A version waiting to be tried again.
+struct Retry {
+    wasm: Vec<u8>,
+    digest: String,
+    failures: u32,
+    at: Instant,
+}
+
+/// One reference following its ConfigMap's versions.
+struct Follower {
     engine: PolicyEngine,
-    api: Api<ConfigMap>,
     kind: PolicyKind,
     namespace: String,
     reference: ConfigMapPolicyRef,
@@ -314,28 +562,26 @@ struct ConfigMapWatch {
     limits: CallLimits,
     label: String,
     decider: Decider,
+    backoff: RetryBackoff,
     last_seen: Option<Seen>,
+    retry: Option<Retry>,
 }
 
-impl ConfigMapWatch {
-    async fn run(mut self) {
-        let config =
-            watcher::Config::default().fields(&format!("metadata.name={}", self.reference.name));
-        let mut events = watcher(self.api.clone(), config).default_backoff().boxed();
-        let mut listed = false;
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(watcher::Event::Init) => listed = false,
-                Ok(watcher::Event::InitApply(cm) | watcher::Event::Apply(cm)) => {
-                    listed = true;
-                    self.apply(&cm).await;
-                }
-                Ok(watcher::Event::InitDone) if !listed => self.absent(),
-                Ok(watcher::Event::InitDone) => {}
-                Ok(watcher::Event::Delete(_)) => self.absent(),
-                Err(err) => {
-                    let error = PolicyError::ConfigMapRead(err.to_string());
-                    self.problem(error.to_string(), error);
+impl Follower {
+    async fn run(mut self, mut versions: UnboundedReceiver<Arc<Version>>) {
+        loop {
+            let retry_at = self.retry.as_ref().map(|retry| retry.at);
+            tokio::select! {
+                version = versions.recv() => match version {
+                    Some(version) => self.on_version(&version).await,
+                    None => return,
+                },
+                () = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)),
+                    if retry_at.is_some() =>
+                {
+                    if let Some(retry) = self.retry.take() {
+                        self.attempt(retry.wasm, retry.digest, retry.failures).await;
+                    }
                 }
             }
         }
@@ -345,6 +591,20 @@ impl ConfigMapWatch {
         self.decider
             .reporter()
             .report(self.kind, &self.label, event);
+    }
+
+    async fn on_version(&mut self, version: &Version) {
+        match version {
+            Version::Present(cm) => self.apply(cm).await,
+            Version::Absent => {
+                self.retry = None;
+                self.absent();
+            }
+            Version::ReadFailed(message) => {
+                let error = PolicyError::ConfigMapRead(message.clone());
+                self.problem(error.to_string(), error);
+            }
+        }
     }
 
     fn problem(&mut self, key: String, error: PolicyError) {
@@ -398,39 +658,59 @@ impl ConfigMapWatch {
                 key: key.clone(),
                 hint,
             };
+            self.retry = None;
             self.problem(error.to_string(), error);
             return;
         };
         let wasm = bytes.0.clone();
         let digest = hex::encode(Sha256::digest(&wasm));
-        if self.last_seen == Some(Seen::Module(digest.clone())) {
+        let judged = matches!(
+            &self.last_seen,
+            Some(Seen::Loaded(d) | Seen::Refused(d) | Seen::Retrying(d)) if *d == digest
+        );
+        if judged {
+            // Unchanged; a version being retried keeps its own schedule.
             return;
         }
-        self.last_seen = Some(Seen::Module(digest.clone()));
-        // A version is judged once per digest, so a failure that only the
-        // machine caused (validate-settings missing its deadline on a loaded
-        // node) is retried here: otherwise a good version would stay
-        // refused until someone edited the ConfigMap again.
-        let mut attempt = 0;
-        let outcome = loop {
-            match self.load(wasm.clone()).await {
-                Err(error) if error.is_transient() && attempt < TRANSIENT_RETRIES => {
-                    attempt += 1;
-                    tokio::time::sleep(TRANSIENT_RETRY_DELAY * attempt).await;
-                }
-                other => break other,
-            }
-        };
-        match outcome {
+        self.retry = None;
+        self.attempt(wasm, digest, 0).await;
+    }
+
+    /// Tries a version that has failed `failures` times before.
+    async fn attempt(&mut self, wasm: Vec<u8>, digest: String, failures: u32) {
+        let error = match self.load(wasm.clone()).await {
             Ok(policy) => {
                 self.decider.swap(policy);
+                self.last_seen = Some(Seen::Loaded(digest.clone()));
                 self.report(PolicyEvent::Loaded { sha256: digest });
+                return;
             }
-            Err(error) => self.report(PolicyEvent::LoadFailed {
-                reason: error.reason().to_string(),
-                message: error.to_string(),
-            }),
-        }
+            Err(error) => error,
+        };
+        let failures = failures + 1;
+        let message = match AfterFailure::decide(&error, failures, &self.backoff) {
+            AfterFailure::GiveUp => {
+                self.last_seen = Some(Seen::Refused(digest));
+                error.to_string()
+            }
+            AfterFailure::RetryIn(delay) => {
+                self.last_seen = Some(Seen::Retrying(digest.clone()));
+                self.retry = Some(Retry {
+                    wasm,
+                    digest,
+                    failures,
+                    at: Instant::now() + delay,
+                });
+                format!(
+                    "{error}; this may pass, so it is tried again in {} ms (attempt {failures})",
+                    delay.as_millis()
+                )
+            }
+        };
+        self.report(PolicyEvent::LoadFailed {
+            reason: error.reason().to_string(),
+            message,
+        });
     }
 
     /// Compiles and configures a version beside the running one.
@@ -491,6 +771,75 @@ mod tests {
         let limits = spec.limits().unwrap();
         assert_eq!(limits.memory, 32 << 20);
         assert_eq!(limits.deadline, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn transient_failures_are_retried_with_growing_delays_and_others_are_not() {
+        let backoff = RetryBackoff {
+            first: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        };
+        let timeout = PolicyError::Timeout {
+            deadline: Duration::from_millis(50),
+        };
+        let table = [
+            (
+                &timeout,
+                1,
+                AfterFailure::RetryIn(Duration::from_millis(100)),
+            ),
+            (
+                &timeout,
+                2,
+                AfterFailure::RetryIn(Duration::from_millis(200)),
+            ),
+            (
+                &timeout,
+                4,
+                AfterFailure::RetryIn(Duration::from_millis(800)),
+            ),
+            (&timeout, 5, AfterFailure::RetryIn(Duration::from_secs(1))),
+            (&timeout, 400, AfterFailure::RetryIn(Duration::from_secs(1))),
+            (
+                &PolicyError::Instantiate("pool".into()),
+                1,
+                AfterFailure::RetryIn(Duration::from_millis(100)),
+            ),
+            (&PolicyError::NotWebAssembly, 1, AfterFailure::GiveUp),
+            (&PolicyError::Compile("bad".into()), 1, AfterFailure::GiveUp),
+            (
+                &PolicyError::SettingsRejected("idle".into()),
+                1,
+                AfterFailure::GiveUp,
+            ),
+            (
+                &PolicyError::DigestMismatch {
+                    expected: "a".into(),
+                    actual: "b".into(),
+                },
+                1,
+                AfterFailure::GiveUp,
+            ),
+            (
+                &PolicyError::WrongKind {
+                    found: PolicyKind::Deregistration,
+                    expected: PolicyKind::Scaling,
+                },
+                1,
+                AfterFailure::GiveUp,
+            ),
+        ];
+        for (error, failures, expected) in table {
+            assert_eq!(
+                AfterFailure::decide(error, failures, &backoff),
+                expected,
+                "{error} after {failures} failures"
+            );
+        }
+        assert_eq!(
+            RetryBackoff::default().delay(u32::MAX),
+            Duration::from_secs(300)
+        );
     }
 
     #[test]

@@ -5,6 +5,26 @@
 //! whether a runner pod template is acceptable. Each is a WebAssembly
 //! component implementing one world of `wit/policy.wit`.
 //!
+//! # The five names
+//!
+//! - [`PolicyRef`](loader::PolicyRef): what an object's spec says about its
+//!   policy (a builtin or a ConfigMap, a pin, settings, limits); held in the
+//!   spec of the object it belongs to.
+//! - [`PolicyModule`]: one module's bytes compiled, checked against the WIT
+//!   contract and pre-instantiated, once per digest; held by every `Policy`
+//!   made from it.
+//! - [`Policy`]: a module bound to validated settings and limits, the thing
+//!   that makes one decision in a fresh instance; held by a `Decider` (and by
+//!   the suites and `arcwright policy eval`, which make it directly).
+//! - [`Decider`]: the decision point of one object: the current `Policy`,
+//!   swapped atomically when a new version loads, the bundled default behind
+//!   it, and a scaling policy's state; held by the reconcilers and the
+//!   listener of that object.
+//! - [`LoadedPolicy`](loader::LoadedPolicy): a `Decider` together with its
+//!   share of the ConfigMap watch that keeps it current; held by the
+//!   controller for as long as the object exists, and dropping it stops
+//!   following.
+//!
 //! # The sandbox: no WASI at all
 //!
 //! A policy may import `arcwright:policy/host` (a rate-limited `log`) and
