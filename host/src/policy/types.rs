@@ -87,6 +87,8 @@ pub struct ScalingInput {
     /// not "now": suites must be reproducible, so the clock is always input.
     pub now: Option<String>,
     /// The state the policy returned last time for this scale set, as text.
+    /// A [`Decider`](super::Decider) hands the policy its own kept state
+    /// when this is `None`; `eval` and the suites hand it exactly this.
     pub state: Option<String>,
 }
 
