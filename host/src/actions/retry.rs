@@ -1,8 +1,10 @@
 //! When to retry a call and how long to wait first.
 //!
-//! Pure functions over a policy, an outcome, the time and a jitter sample, so
-//! the schedule is unit-tested without sleeping; the client supplies the
-//! clock and the random number.
+//! Pure functions over a policy, the operation, an attempt's outcome, what
+//! the earlier attempts came to, the time and a jitter sample, so both what
+//! is safe to repeat ([`verdict`]) and the schedule are unit-tested in
+//! tables without sleeping; the client supplies the clock and the random
+//! number.
 
 use std::time::Duration;
 
