@@ -777,6 +777,40 @@ async fn a_usable_admin_token_serves_while_it_is_renewed() {
 }
 
 #[tokio::test]
+async fn a_failed_renewal_leaves_the_token_serving() {
+    let fake = start(FakeConfig {
+        admin_token_lifetime: Duration::from_secs(240),
+        ..FakeConfig::default()
+    })
+    .await;
+    let client = pat_client(&fake, &fake.org_url("octo-org"));
+    client.get_runner_group_by_name("Default").await.unwrap();
+
+    // The renewal the next call starts is refused; the calls go on with
+    // the token they have, and the renewal is not tried again on each one.
+    fake.control().inject(Fault::new(
+        Endpoint::RunnerRegistration,
+        FaultKind::status(400),
+        1,
+    ));
+    client.get_runner_group_by_name("Default").await.unwrap();
+    fake.control()
+        .wait_until(STUCK, |s| {
+            s.counters.faults(Endpoint::RunnerRegistration) == 1
+        })
+        .await
+        .expect("the renewal was refused");
+    for _ in 0..3 {
+        client
+            .get_runner_group_by_name("Default")
+            .await
+            .expect("the current token still serves");
+    }
+    assert_eq!(calls(&fake, Endpoint::RunnerRegistration), 2);
+    assert_eq!(calls(&fake, Endpoint::GetRunnerGroupByName), 5);
+}
+
+#[tokio::test]
 async fn a_revoked_admin_token_is_replaced_once() {
     let fake = start(FakeConfig::default()).await;
     let client = pat_client(&fake, &fake.org_url("octo-org"));
