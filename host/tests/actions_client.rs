@@ -9,9 +9,11 @@ use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod relay;
+
 use arcwright::actions::{
     ActionsClient, ActionsError, AppCredentials, ClientOptions, ConfigUrl, Credentials,
-    JitRunnerSetting, JobMessage, Label, RetryPolicy, RunnerScaleSet, Secret,
+    JitRunnerSetting, JobMessage, Label, ProxyConfig, RetryPolicy, RunnerScaleSet, Secret,
 };
 use fake_actions::{Endpoint, FakeActions, FakeConfig, Fault, FaultKind, JobSpec};
 
@@ -647,6 +649,167 @@ async fn concurrent_calls_share_one_bootstrap() {
     assert_eq!(calls(&fake, Endpoint::RunnerRegistration), 1);
 }
 
+/// Options for tests that hold a bootstrap open: attempts wait as long as the
+/// fake holds them, so a held bootstrap stays held for the whole test.
+fn patient_options() -> ClientOptions {
+    ClientOptions {
+        timeout: Duration::from_secs(3600),
+        ..fast_options()
+    }
+}
+
+/// How long a call that must not wait for a bootstrap is given before the
+/// test calls it stuck. Only a failing test ever waits this long.
+const STUCK: Duration = Duration::from_secs(60);
+
+/// A registration endpoint that holds each call for longer than any test.
+fn held_registration() -> Fault {
+    Fault::new(
+        Endpoint::RunnerRegistration,
+        FaultKind::delay(Duration::from_secs(3600)),
+        1,
+    )
+}
+
+#[tokio::test]
+async fn a_slow_bootstrap_does_not_hold_up_a_session() {
+    let fake = start(FakeConfig {
+        long_poll: Duration::from_millis(200),
+        ..FakeConfig::default()
+    })
+    .await;
+    let client = pat_client_with(&fake, &fake.org_url("octo-org"), patient_options());
+    let set = create_scale_set(&client, "steady-set").await;
+    fake.control()
+        .enqueue_jobs(JobSpec::new(2, &["steady-set"]));
+    let session = client
+        .create_message_session(set.id, "host-1")
+        .await
+        .unwrap();
+
+    // The admin token is revoked and GitHub is slow: a call that needs the
+    // admin token starts a bootstrap, which the fake holds open.
+    fake.control().expire_admin_tokens();
+    fake.control().inject(held_registration());
+    let admin_call = tokio::spawn({
+        let client = client.clone();
+        async move { client.get_runner_group_by_name("Default").await }
+    });
+    fake.control()
+        .wait_until(STUCK, |s| {
+            s.counters.faults(Endpoint::RunnerRegistration) == 1
+        })
+        .await
+        .expect("the bootstrap reached the slow registration");
+
+    // The session has everything its calls need: they go on.
+    let message = tokio::time::timeout(STUCK, session.get_message(0, 2))
+        .await
+        .expect("polling waited for the bootstrap")
+        .expect("poll")
+        .expect("a message");
+    tokio::time::timeout(STUCK, session.delete_message(message.id))
+        .await
+        .expect("acknowledging waited for the bootstrap")
+        .expect("acknowledged");
+    let available: Vec<i64> = message
+        .jobs
+        .iter()
+        .filter_map(|j| j.job().map(|j| j.runner_request_id))
+        .collect();
+    assert_eq!(available.len(), 2);
+    let acquired = tokio::time::timeout(STUCK, session.acquire_jobs(&available))
+        .await
+        .expect("acquiring jobs waited for the bootstrap")
+        .expect("acquired");
+    assert_eq!(acquired.len(), 2);
+
+    assert!(
+        !admin_call.is_finished(),
+        "the session's calls completed while the bootstrap was held open"
+    );
+    assert_eq!(calls(&fake, Endpoint::RunnerRegistration), 2);
+    assert_eq!(calls(&fake, Endpoint::AcquireJobs), 1);
+    admin_call.abort();
+}
+
+#[tokio::test]
+async fn a_usable_admin_token_serves_while_it_is_renewed() {
+    // Four minutes: more than the minute's margin, so the token is usable,
+    // and inside the five-minute renewal window from the start.
+    let fake = start(FakeConfig {
+        admin_token_lifetime: Duration::from_secs(240),
+        ..FakeConfig::default()
+    })
+    .await;
+    let client = pat_client_with(&fake, &fake.org_url("octo-org"), patient_options());
+    client
+        .get_runner_group_by_name("Default")
+        .await
+        .expect("first bootstrap");
+    assert_eq!(calls(&fake, Endpoint::RunnerRegistration), 1);
+
+    // The renewal the next call starts is held open by the fake; that call
+    // and the ones after it go on with the token they have.
+    fake.control().inject(held_registration());
+    for _ in 0..3 {
+        tokio::time::timeout(STUCK, client.get_runner_group_by_name("Default"))
+            .await
+            .expect("a call waited for the renewal")
+            .expect("call");
+    }
+    tokio::time::timeout(STUCK, client.get_runner_scale_set(1, "none"))
+        .await
+        .expect("a call waited for the renewal")
+        .expect("call");
+    fake.control()
+        .wait_until(STUCK, |s| {
+            s.counters.faults(Endpoint::RunnerRegistration) == 1
+        })
+        .await
+        .expect("a renewal started in the background");
+    assert_eq!(
+        calls(&fake, Endpoint::RunnerRegistration),
+        2,
+        "one renewal, not one per call"
+    );
+    assert_eq!(calls(&fake, Endpoint::GetRunnerGroupByName), 4);
+}
+
+#[tokio::test]
+async fn a_failed_renewal_leaves_the_token_serving() {
+    let fake = start(FakeConfig {
+        admin_token_lifetime: Duration::from_secs(240),
+        ..FakeConfig::default()
+    })
+    .await;
+    let client = pat_client(&fake, &fake.org_url("octo-org"));
+    client.get_runner_group_by_name("Default").await.unwrap();
+
+    // The renewal the next call starts is refused; the calls go on with
+    // the token they have, and the renewal is not tried again on each one.
+    fake.control().inject(Fault::new(
+        Endpoint::RunnerRegistration,
+        FaultKind::status(400),
+        1,
+    ));
+    client.get_runner_group_by_name("Default").await.unwrap();
+    fake.control()
+        .wait_until(STUCK, |s| {
+            s.counters.faults(Endpoint::RunnerRegistration) == 1
+        })
+        .await
+        .expect("the renewal was refused");
+    for _ in 0..3 {
+        client
+            .get_runner_group_by_name("Default")
+            .await
+            .expect("the current token still serves");
+    }
+    assert_eq!(calls(&fake, Endpoint::RunnerRegistration), 2);
+    assert_eq!(calls(&fake, Endpoint::GetRunnerGroupByName), 5);
+}
+
 #[tokio::test]
 async fn a_revoked_admin_token_is_replaced_once() {
     let fake = start(FakeConfig::default()).await;
@@ -717,30 +880,169 @@ async fn creating_calls_are_not_repeated_when_the_service_may_have_acted() {
         work_folder: String::new(),
     };
 
-    // A 500 may come after the registration was made: reported, not retried.
+    // A 5xx may come after the registration was made, and a 503 from a
+    // gateway is no exception: reported after one call, not retried.
+    for status in [500, 502, 503, 504] {
+        let before = calls(&fake, Endpoint::GenerateJitConfig);
+        fake.control().inject(Fault::new(
+            Endpoint::GenerateJitConfig,
+            FaultKind::status(status),
+            1,
+        ));
+        let err = client
+            .generate_jit_runner_config(set.id, &setting)
+            .await
+            .expect_err("the failure is reported");
+        assert_eq!(err.status(), Some(status), "{err}");
+        assert_eq!(
+            calls(&fake, Endpoint::GenerateJitConfig) - before,
+            1,
+            "{status} was retried"
+        );
+    }
+    let before = calls(&fake, Endpoint::CreateScaleSet);
     fake.control().inject(Fault::new(
-        Endpoint::GenerateJitConfig,
-        FaultKind::status(500),
+        Endpoint::CreateScaleSet,
+        FaultKind::status(503),
         1,
     ));
     let err = client
-        .generate_jit_runner_config(set.id, &setting)
+        .create_runner_scale_set(&RunnerScaleSet::new("once-more", 1, &[]))
         .await
-        .expect_err("the 500 is reported");
-    assert!(err.to_string().contains("500"), "{err}");
-    assert_eq!(calls(&fake, Endpoint::GenerateJitConfig), 1);
+        .expect_err("the 503 is reported");
+    assert_eq!(err.status(), Some(503), "{err}");
+    assert_eq!(calls(&fake, Endpoint::CreateScaleSet) - before, 1);
 
-    // A 503 says the service did not act: retried, and it succeeds.
+    // A rate limit says the service did not act: retried, and it succeeds.
+    let before = calls(&fake, Endpoint::GenerateJitConfig);
     fake.control().inject(Fault::new(
         Endpoint::GenerateJitConfig,
-        FaultKind::status(503),
+        FaultKind::rate_limited(None),
         1,
     ));
     client
         .generate_jit_runner_config(set.id, &setting)
         .await
-        .expect("retried after the 503");
-    assert_eq!(calls(&fake, Endpoint::GenerateJitConfig), 3);
+        .expect("retried after the 429");
+    assert_eq!(calls(&fake, Endpoint::GenerateJitConfig) - before, 2);
+}
+
+#[tokio::test]
+async fn a_session_conflict_after_a_lost_answer_is_backed_off_from() {
+    let fake = start(FakeConfig::default()).await;
+    let client = pat_client(&fake, &fake.org_url("octo-org"));
+    let set = create_scale_set(&client, "orphan-set").await;
+
+    // The answer to the first attempt is lost (a gateway's 503), and the
+    // next ones meet the session it may have opened: the conflicts are
+    // backed off from and retried until that session is gone.
+    fake.control().inject(Fault::new(
+        Endpoint::CreateSession,
+        FaultKind::status(503),
+        1,
+    ));
+    fake.control().inject(Fault::new(
+        Endpoint::CreateSession,
+        FaultKind::status(409),
+        2,
+    ));
+    let session = client
+        .create_message_session(set.id, "host-1")
+        .await
+        .expect("opened once the conflict cleared");
+    assert_eq!(
+        (
+            calls(&fake, Endpoint::CreateSession),
+            faults(&fake, Endpoint::CreateSession)
+        ),
+        (4, 3)
+    );
+
+    // A conflict with no lost answer before it is another listener's
+    // session: reported at once.
+    let before = calls(&fake, Endpoint::CreateSession);
+    match client.create_message_session(set.id, "host-2").await {
+        Err(ActionsError::SessionConflict { .. }) => {}
+        other => panic!("expected SessionConflict, got {other:?}"),
+    }
+    assert_eq!(calls(&fake, Endpoint::CreateSession) - before, 1);
+
+    // After a lost answer, a conflict that never clears is retried as far
+    // as the retry budget goes, then reported.
+    let before = calls(&fake, Endpoint::CreateSession);
+    fake.control().inject(Fault::new(
+        Endpoint::CreateSession,
+        FaultKind::status(503),
+        1,
+    ));
+    match client.create_message_session(set.id, "host-2").await {
+        Err(ActionsError::SessionConflict { .. }) => {}
+        other => panic!("expected SessionConflict, got {other:?}"),
+    }
+    assert_eq!(
+        calls(&fake, Endpoint::CreateSession) - before,
+        1 + u64::from(fast_options().retry.max_retries)
+    );
+    session.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_retried_delete_that_finds_nothing_has_succeeded() {
+    let fake = start(FakeConfig::default()).await;
+    let client = pat_client(&fake, &fake.org_url("octo-org"));
+
+    // The fake's faults never act. A first attempt that did the work and
+    // lost its answer is played by removing the object beforehand (the
+    // scale set), or by a 404 after the 503 (the session, which the fake
+    // deletes silently when it is already gone): either way the retry finds
+    // nothing, which is what the delete was for.
+    let set = create_scale_set(&client, "gone-set").await;
+    let session = client
+        .create_message_session(set.id, "host-1")
+        .await
+        .unwrap();
+    fake.control().inject(Fault::new(
+        Endpoint::DeleteSession,
+        FaultKind::status(503),
+        1,
+    ));
+    fake.control().inject(Fault::new(
+        Endpoint::DeleteSession,
+        FaultKind::status(404),
+        1,
+    ));
+    session.close().await.expect("the session is gone");
+    assert_eq!(
+        (
+            calls(&fake, Endpoint::DeleteSession),
+            faults(&fake, Endpoint::DeleteSession)
+        ),
+        (2, 2)
+    );
+
+    client.delete_runner_scale_set(set.id).await.unwrap();
+    fake.control().inject(Fault::new(
+        Endpoint::DeleteScaleSet,
+        FaultKind::status(502),
+        1,
+    ));
+    client
+        .delete_runner_scale_set(set.id)
+        .await
+        .expect("the scale set is gone");
+    assert_eq!(
+        (
+            calls(&fake, Endpoint::DeleteScaleSet),
+            faults(&fake, Endpoint::DeleteScaleSet)
+        ),
+        (3, 1)
+    );
+
+    // With no attempt before it that may have acted, a 404 is news.
+    match client.delete_runner_scale_set(set.id).await {
+        Err(ActionsError::ScaleSetNotFound { .. }) => {}
+        other => panic!("expected ScaleSetNotFound, got {other:?}"),
+    }
 }
 
 #[tokio::test]
@@ -935,13 +1237,24 @@ async fn secrets_never_appear_in_debug_display_or_logs() {
         &app.private_key_pem,
     )
     .unwrap();
+    // Every request goes through a recording proxy, so the tokens the
+    // client was handed (which the test cannot otherwise see) are known
+    // from the Authorization headers they were sent in.
+    let (proxy, seen) = relay::start_proxy();
+    let through_proxy = ClientOptions {
+        proxy: Some(ProxyConfig {
+            http: Some(format!("http://{proxy}")),
+            ..ProxyConfig::default()
+        }),
+        ..fast_options()
+    };
     let app_client = ActionsClient::new(
         ConfigUrl::parse(&fake.org_url("octo-org")).unwrap(),
         Credentials::App(app_credentials.clone()),
-        fast_options(),
+        through_proxy.clone(),
     )
     .unwrap();
-    let pat_client = pat_client(&fake, &fake.org_url("octo-org"));
+    let pat_client = pat_client_with(&fake, &fake.org_url("octo-org"), through_proxy);
 
     let set = create_scale_set(&app_client, "secret-set").await;
     let jit = app_client
@@ -1003,13 +1316,54 @@ async fn secrets_never_appear_in_debug_display_or_logs() {
         .inject(Fault::new(Endpoint::GetMessage, FaultKind::Reset, 100));
     errors.push(session.get_message(0, 1).await.expect_err("reset"));
 
-    let secrets = [
+    // The credential of every request, by what it is.
+    let sent = seen.lock().unwrap().clone();
+    let credentials = |path: &str, scheme: &str| -> Vec<String> {
+        let mut found: Vec<String> = sent
+            .iter()
+            .filter(|r| url::Url::parse(&r.target).unwrap().path().contains(path))
+            .filter_map(|r| r.header("authorization"))
+            .filter_map(|a| a.strip_prefix(scheme))
+            .map(str::to_string)
+            .collect();
+        found.sort();
+        found.dedup();
+        found
+    };
+    let app_jwts = credentials("/access_tokens", "Bearer ");
+    let github_tokens = credentials("/registration-token", "Bearer ");
+    let registration_tokens = credentials("/actions/runner-registration", "RemoteAuth ");
+    let admin_tokens = credentials("/tenant/", "Bearer ");
+    let installation_tokens: Vec<String> = github_tokens
+        .iter()
+        .filter(|t| t.as_str() != fake.pat())
+        .cloned()
+        .collect();
+    assert!(!app_jwts.is_empty(), "the App signed a JWT");
+    assert!(
+        !installation_tokens.is_empty(),
+        "an installation token was used"
+    );
+    assert!(
+        registration_tokens.len() >= 2,
+        "registration tokens of both clients were used"
+    );
+    assert!(
+        admin_tokens.len() >= 2,
+        "admin tokens of both clients were used"
+    );
+
+    let mut secrets = vec![
         fake.pat().to_string(),
         app.private_key_pem.lines().nth(1).unwrap().to_string(),
         jit.encoded_jit_config.expose().to_string(),
         queue_token,
         refreshed_queue_token,
     ];
+    secrets.extend(app_jwts);
+    secrets.extend(installation_tokens);
+    secrets.extend(registration_tokens);
+    secrets.extend(admin_tokens);
     let mut shown = vec![
         format!("{:?}", Credentials::Token(Secret::new(fake.pat()))),
         format!("{:?}", Credentials::App(app_credentials.clone())),

@@ -2,154 +2,21 @@
 //! authorisation schemes), through an authenticating HTTP proxy, and over
 //! TLS to a server whose certificate only a custom CA vouches for.
 //!
-//! The proxy and the TLS terminator in front of the fake are small blocking
-//! relays written here, one request per connection (they force
-//! `Connection: close`), which is all it takes to see every request whole.
+//! The proxy and the TLS terminator in front of the fake are the small
+//! blocking relays of the `relay` module.
 
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread;
+mod relay;
+
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use arcwright::actions::{
     ActionsClient, ActionsError, ClientOptions, ConfigUrl, Credentials, Label, ProxyConfig,
-    RetryPolicy, RunnerScaleSet, Secret,
+    RunnerScaleSet, Secret,
 };
 use base64::Engine as _;
 use fake_actions::{Endpoint, FakeActions, FakeConfig, JobSpec};
-
-/// One HTTP/1.1 request as it crossed a relay.
-#[derive(Debug, Clone)]
-struct Request {
-    method: String,
-    target: String,
-    version: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Request {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Reads one request: the head up to the blank line, then a
-    /// `Content-Length` body. `None` when the peer closed first.
-    fn read(stream: &mut impl Read) -> io::Result<Option<Request>> {
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            if stream.read(&mut byte)? == 0 {
-                return Ok(None);
-            }
-            head.push(byte[0]);
-        }
-        let head = String::from_utf8_lossy(&head).into_owned();
-        let mut lines = head.split("\r\n");
-        let mut first = lines.next().unwrap_or_default().split(' ');
-        let (method, target, version) = (
-            first.next().unwrap_or_default().to_string(),
-            first.next().unwrap_or_default().to_string(),
-            first.next().unwrap_or_default().to_string(),
-        );
-        let headers: Vec<(String, String)> = lines
-            .filter(|l| !l.is_empty())
-            .filter_map(|l| l.split_once(':'))
-            .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
-            .collect();
-        let mut request = Request {
-            method,
-            target,
-            version,
-            headers,
-            body: Vec::new(),
-        };
-        let length: usize = request
-            .header("content-length")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        request.body = vec![0; length];
-        stream.read_exact(&mut request.body)?;
-        Ok(Some(request))
-    }
-
-    /// Writes the request for a one-shot upstream connection.
-    fn write(&self, stream: &mut impl Write) -> io::Result<()> {
-        let mut out = format!("{} {} {}\r\n", self.method, self.target, self.version);
-        for (name, value) in &self.headers {
-            let skip = ["connection", "content-length", "proxy-authorization"];
-            if !skip.iter().any(|s| name.eq_ignore_ascii_case(s)) {
-                out.push_str(&format!("{name}: {value}\r\n"));
-            }
-        }
-        out.push_str(&format!(
-            "content-length: {}\r\nconnection: close\r\n\r\n",
-            self.body.len()
-        ));
-        stream.write_all(out.as_bytes())?;
-        stream.write_all(&self.body)?;
-        stream.flush()
-    }
-}
-
-/// Sends `request` to `upstream` and copies the whole response back.
-fn relay(request: &Request, upstream: SocketAddr, client: &mut impl Write) -> io::Result<()> {
-    let mut server = TcpStream::connect(upstream)?;
-    request.write(&mut server)?;
-    let mut response = Vec::new();
-    server.read_to_end(&mut response)?;
-    client.write_all(&response)?;
-    client.flush()
-}
-
-/// An HTTP forward proxy that records every request it carries.
-fn start_proxy() -> (SocketAddr, Arc<Mutex<Vec<Request>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let record = seen.clone();
-    thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            let record = record.clone();
-            thread::spawn(move || {
-                let Ok(Some(mut request)) = Request::read(&mut stream) else {
-                    return;
-                };
-                record.lock().unwrap().push(request.clone());
-                // Absolute form in, origin form out.
-                let url = url::Url::parse(&request.target).expect("absolute-form target");
-                let upstream: SocketAddr =
-                    format!("{}:{}", url.host_str().unwrap(), url.port().unwrap())
-                        .parse()
-                        .unwrap();
-                request.target = match url.query() {
-                    Some(q) => format!("{}?{q}", url.path()),
-                    None => url.path().to_string(),
-                };
-                let _ = relay(&request, upstream, &mut stream);
-            });
-        }
-    });
-    (addr, seen)
-}
-
-fn options() -> ClientOptions {
-    ClientOptions {
-        timeout: Duration::from_secs(5),
-        retry: RetryPolicy {
-            base_delay: Duration::from_millis(10),
-            max_delay: Duration::from_millis(40),
-            ..RetryPolicy::default()
-        },
-        ..ClientOptions::default()
-    }
-}
+use relay::{Request, options, pki, start_proxy, start_tls_terminator};
 
 #[tokio::test]
 async fn every_call_goes_through_the_proxy_with_the_protocols_headers() {
@@ -306,80 +173,6 @@ async fn every_call_goes_through_the_proxy_with_the_protocols_headers() {
         Some(queue_token.as_str()),
         "acquire-jobs uses the queue token, not the admin token"
     );
-}
-
-/// A certificate authority and a server certificate for `localhost` it
-/// signed.
-struct Pki {
-    ca_pem: String,
-    server: rustls::ServerConfig,
-}
-
-fn pki() -> Pki {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "arcwright test CA");
-    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
-    let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_string()])
-        .unwrap()
-        .signed_by(&leaf_key, &ca)
-        .unwrap();
-    let server = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![leaf.der().clone()],
-        rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
-    )
-    .unwrap();
-    Pki {
-        ca_pem: ca.pem(),
-        server,
-    }
-}
-
-/// Terminates TLS in front of the fake. The fake knows only its own
-/// plain-HTTP address, so the configuration URL in request bodies is
-/// rewritten to it on the way through.
-fn start_tls_terminator(
-    server: rustls::ServerConfig,
-    fake: SocketAddr,
-    fake_url: String,
-) -> (SocketAddr, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let public_url = format!("https://localhost:{}", addr.port());
-    let server = Arc::new(server);
-    let connections = Arc::new(AtomicUsize::new(0));
-    let count = connections.clone();
-    thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { return };
-            count.fetch_add(1, Ordering::SeqCst);
-            let (server, public_url, fake_url) =
-                (server.clone(), public_url.clone(), fake_url.clone());
-            thread::spawn(move || {
-                let connection = rustls::ServerConnection::new(server).unwrap();
-                let mut tls = rustls::StreamOwned::new(connection, stream);
-                let Ok(Some(mut request)) = Request::read(&mut tls) else {
-                    return;
-                };
-                let body = String::from_utf8_lossy(&request.body).replace(&public_url, &fake_url);
-                request.body = body.into_bytes();
-                let _ = relay(&request, fake, &mut tls);
-                tls.conn.send_close_notify();
-                let _ = tls.flush();
-            });
-        }
-    });
-    (addr, connections)
 }
 
 #[tokio::test]

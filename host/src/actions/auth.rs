@@ -182,9 +182,63 @@ impl AppCredentials {
     }
 }
 
-/// How long before the admin token's expiry the bootstrap is redone, so no
-/// request leaves with a token that expires on the way.
+/// How long before the admin token's expiry it is no longer used: a call
+/// that finds only such a token waits for a fresh one, so no request leaves
+/// with a token that expires on the way.
 pub const ADMIN_TOKEN_RENEWAL_MARGIN: Duration = Duration::from_secs(60);
+
+/// How long before the admin token's expiry a renewal starts in the
+/// background while the current token goes on serving.
+///
+/// Renewing only when the token is unusable would make every call that
+/// arrives during the bootstrap wait for it, and a bootstrap is three calls
+/// to GitHub, each with its retries: while GitHub is slow, every scale set
+/// on the credential would stall at once. Five minutes is room for a slow
+/// bootstrap and its retries to finish before the margin is reached.
+pub const ADMIN_TOKEN_RENEWAL_WINDOW: Duration = Duration::from_secs(5 * 60);
+
+/// The least time between two background renewals. A renewal that failed
+/// is not tried again on the very next call (the current token still
+/// serves), and a service that issues tokens shorter than the renewal window
+/// costs one bootstrap per spacing, not one per call.
+pub const ADMIN_TOKEN_RENEWAL_SPACING: Duration = Duration::from_secs(30);
+
+/// What a call does about the admin token the client holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenPlan {
+    /// Use it.
+    Use,
+    /// Use it, and start a renewal in the background.
+    UseAndRenew,
+    /// There is no usable token: wait for a bootstrap (joining the one under
+    /// way, if any).
+    Wait,
+}
+
+/// Decides what a call does about the admin token: `token` is the one held,
+/// `last_background_renewal` when the last background renewal started.
+pub fn plan_admin_token(
+    token: Option<&AdminToken>,
+    now: Timestamp,
+    last_background_renewal: Option<Timestamp>,
+) -> TokenPlan {
+    let Some(token) = token else {
+        return TokenPlan::Wait;
+    };
+    if token.needs_renewal(now) {
+        return TokenPlan::Wait;
+    }
+    let window = ADMIN_TOKEN_RENEWAL_WINDOW.as_secs() as i64;
+    let spacing = ADMIN_TOKEN_RENEWAL_SPACING.as_secs() as i64;
+    let in_window = now.as_second() + window >= token.expires_at.as_second();
+    let spaced =
+        last_background_renewal.is_none_or(|last| now.as_second() >= last.as_second() + spacing);
+    if in_window && spaced {
+        TokenPlan::UseAndRenew
+    } else {
+        TokenPlan::Use
+    }
+}
 
 /// What `runner-registration` returns: where the Actions service is and the
 /// token to call it with.
@@ -200,7 +254,7 @@ pub struct AdminToken {
 
 impl AdminToken {
     /// Whether the token is too close to its expiry to be used for another
-    /// request.
+    /// request ([`ADMIN_TOKEN_RENEWAL_MARGIN`]).
     pub fn needs_renewal(&self, now: Timestamp) -> bool {
         let margin = ADMIN_TOKEN_RENEWAL_MARGIN.as_secs() as i64;
         now.as_second() + margin >= self.expires_at.as_second()
@@ -300,6 +354,48 @@ mod tests {
         assert!(!token.needs_renewal("2026-01-01T00:08:59Z".parse().unwrap()));
         assert!(token.needs_renewal("2026-01-01T00:09:00Z".parse().unwrap()));
         assert!(token.needs_renewal("2026-01-01T00:11:00Z".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_usable_token_serves_while_it_is_renewed() {
+        use TokenPlan::{Use, UseAndRenew, Wait};
+        let token = AdminToken {
+            service_url: Url::parse("https://pipelines.example/tenant/").unwrap(),
+            token: Secret::new("t"),
+            expires_at: "2026-01-01T01:00:00Z".parse().unwrap(),
+        };
+        let at = |t: &str| t.parse::<Timestamp>().unwrap();
+        // (now, last background renewal, plan)
+        let table = [
+            // Well before the window: used as it is.
+            ("2026-01-01T00:10:00Z", None, Use),
+            ("2026-01-01T00:54:59Z", None, Use),
+            // In the window: used, and renewed in the background.
+            ("2026-01-01T00:55:00Z", None, UseAndRenew),
+            ("2026-01-01T00:58:59Z", None, UseAndRenew),
+            // ... but not again within the spacing of the last renewal.
+            ("2026-01-01T00:56:00Z", Some("2026-01-01T00:55:40Z"), Use),
+            (
+                "2026-01-01T00:56:10Z",
+                Some("2026-01-01T00:55:40Z"),
+                UseAndRenew,
+            ),
+            // Within the margin the token is not used: wait for a fresh one.
+            ("2026-01-01T00:59:00Z", None, Wait),
+            ("2026-01-01T00:59:00Z", Some("2026-01-01T00:58:59Z"), Wait),
+            ("2026-01-01T02:00:00Z", None, Wait),
+        ];
+        for (now, last, expected) in table {
+            assert_eq!(
+                plan_admin_token(Some(&token), at(now), last.map(at)),
+                expected,
+                "{now} last renewal {last:?}"
+            );
+        }
+        assert_eq!(
+            plan_admin_token(None, at("2026-01-01T00:00:00Z"), None),
+            Wait
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `ActionsClient`: the HTTP half of the Actions protocol.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use http::header::{
@@ -12,14 +12,15 @@ use jiff::Timestamp;
 use reqwest::Method;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::Mutex;
+use tokio::sync::{oneshot, watch};
 use url::Url;
 
 use super::auth::{
-    AdminToken, Credentials, RegistrationResponse, Secret, TokenResponse, jwt_expiry,
+    AdminToken, Credentials, RegistrationResponse, Secret, TokenPlan, TokenResponse, jwt_expiry,
+    plan_admin_token,
 };
 use super::error::{classify_response, strip_bom};
-use super::retry::{Outcome, RetryPolicy, next_delay};
+use super::retry::{History, Next, Outcome, RetryPolicy, next_step};
 use super::session::MessageSession;
 use super::types::{
     CreateSessionRequest, JitConfig, JitRunnerSetting, ListResponse, RunnerGroup, RunnerReference,
@@ -85,7 +86,17 @@ impl SystemInfo {
     }
 }
 
-/// An HTTP(S) proxy for every call the client makes.
+/// An HTTP(S) proxy for every call the client makes, overriding the
+/// environment's.
+///
+/// Without one ([`ClientOptions::proxy`] is `None`) the client takes its
+/// proxies from `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY` and `NO_PROXY`
+/// (or their lower-case forms), read when the client is built, as Go's and
+/// reqwest's clients do: a controller deployed behind a corporate proxy
+/// works with the same environment as everything else in its pod. A
+/// `ProxyConfig` replaces the environment entirely, so
+/// `ProxyConfig::default()` means "connect directly, whatever the
+/// environment says".
 #[derive(Clone, Default)]
 pub struct ProxyConfig {
     /// The proxy for `http://` URLs.
@@ -140,7 +151,8 @@ pub struct ClientOptions {
     /// Extra trusted roots in PEM (a GitHub Enterprise Server with a private
     /// CA), added to the platform's roots.
     pub root_ca_pem: Option<String>,
-    /// A proxy for every call.
+    /// A proxy for every call; `None` takes the proxies from the
+    /// environment (see [`ProxyConfig`]).
     pub proxy: Option<ProxyConfig>,
 }
 
@@ -166,9 +178,15 @@ impl Default for ClientOptions {
 ///
 /// Every call is bounded by a per-attempt timeout and retried with jittered
 /// exponential backoff on connection errors, timeouts, 429 (honouring
-/// `Retry-After`) and 5xx. The admin token is renewed a minute before its
-/// `exp`, one bootstrap at a time, and once more if the service rejects it
-/// anyway.
+/// `Retry-After`) and 5xx, as far as the call is safe to repeat
+/// ([`retry::verdict`](super::retry::verdict)): a create is not repeated
+/// after an answer that does not prove the service did not act.
+///
+/// The admin token is renewed in the background from five minutes before
+/// its `exp` while calls go on using it; only calls that find no usable
+/// token (none yet, within a minute of `exp`, or rejected by the service)
+/// wait, and they share one bootstrap. Calls on a message session use the
+/// session's own queue token and never wait for the admin token.
 #[derive(Clone)]
 pub struct ActionsClient {
     inner: Arc<Inner>,
@@ -180,21 +198,35 @@ struct Inner {
     credentials: Credentials,
     options: ClientOptions,
     user_agent: HeaderValue,
-    /// The admin token, behind an async lock held across the bootstrap so
-    /// that a burst of calls at expiry costs one bootstrap, not one each.
+    /// The admin token and the bootstrap under way. The lock is never held
+    /// across an await: a call takes the token or a ticket for the
+    /// bootstrap's result, and lets go.
     admin: Mutex<AdminSlot>,
 }
 
-/// The admin token and how the last bootstrap went.
+/// The result of one bootstrap as the calls that joined it see it: the
+/// token, or the error's text (an error cannot be cloned; the call that
+/// started the bootstrap gets the error itself).
+type SharedBootstrap = Result<Arc<AdminToken>, String>;
+
+/// The admin token and the bootstrap under way.
+///
+/// One bootstrap at a time: a burst of calls that find no usable token
+/// joins the bootstrap under way and shares its outcome, failure included.
+/// With a thousand listeners waiting on a GitHub outage, the alternative is
+/// a thousand bootstraps, each with its full retry schedule. Calls that
+/// arrive after a failure start a new one.
+///
+/// A call that finds a usable token never waits: inside the renewal window
+/// it starts the renewal in the background and goes on with the token it
+/// has ([`plan_admin_token`]).
 #[derive(Default)]
 struct AdminSlot {
     token: Option<Arc<AdminToken>>,
-    /// When the last bootstrap failed, and why. Calls that were already
-    /// waiting for the lock while it ran get this answer instead of running
-    /// a bootstrap each: with a thousand listeners queued behind a GitHub
-    /// outage, the alternative is a thousand bootstraps back to back, each
-    /// with its full retry schedule, before a single caller hears anything.
-    failed: Option<(tokio::time::Instant, String)>,
+    /// The bootstrap under way, if any: its result is published here.
+    flight: Option<watch::Receiver<Option<SharedBootstrap>>>,
+    /// When the last background renewal started.
+    last_background_renewal: Option<Timestamp>,
 }
 
 impl fmt::Debug for ActionsClient {
@@ -240,6 +272,7 @@ pub(crate) struct QueueRequest {
 
 /// What an unsuccessful attempt came to, before it is turned into a retry
 /// [`Outcome`] (which borrows the `Retry-After` header).
+#[derive(Clone, Copy)]
 enum AttemptKind {
     Status(u16),
     Connect,
@@ -322,8 +355,7 @@ pub(crate) fn build_http(options: &ClientOptions) -> Result<reqwest::Client, Act
         .pool_idle_timeout(Duration::from_secs(90))
         // Redirects would carry the Authorization header to wherever the
         // Location points; the protocol has none, so none are followed.
-        .redirect(reqwest::redirect::Policy::none())
-        .no_proxy();
+        .redirect(reqwest::redirect::Policy::none());
     if let Some(pem) = &options.root_ca_pem {
         let certs = reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(|e| {
             ActionsError::ClientSetup(format!("the custom CA bundle cannot be read: {e}"))
@@ -336,6 +368,9 @@ pub(crate) fn build_http(options: &ClientOptions) -> Result<reqwest::Client, Act
         builder = builder.tls_certs_merge(certs);
     }
     if let Some(proxy) = &options.proxy {
+        // An explicit setting replaces the environment's, whole: a proxy
+        // given for one scheme does not leave the other to HTTP_PROXY.
+        builder = builder.no_proxy();
         let no_proxy = reqwest::NoProxy::from_string(&proxy.no_proxy.join(","));
         let configure = |p: reqwest::Proxy| {
             let p = match (&proxy.username, &proxy.password) {
@@ -444,6 +479,9 @@ impl ActionsClient {
     async fn execute(&self, call: Call<'_>, secrets: &[&Secret]) -> Result<Response, ActionsError> {
         let policy = &self.inner.options.retry;
         let mut retries = 0u32;
+        // Whether an earlier attempt may have been carried out although it
+        // failed, which changes what a 404 or a 409 means (see `verdict`).
+        let mut may_have_acted = false;
         let (auth_scheme, token) = match call.auth {
             Auth::Bearer(t) => ("Bearer", t),
             Auth::RemoteAuth(t) => ("RemoteAuth", t),
@@ -541,16 +579,36 @@ impl ActionsClient {
                 AttemptKind::Certificate => Outcome::Certificate,
                 AttemptKind::Timeout => Outcome::Timeout,
             };
-            let Some(wait) = next_delay(
+            let history = History {
+                retries_done: retries,
+                may_have_acted,
+            };
+            let wait = match next_step(
                 policy,
                 call.operation,
                 &outcome,
-                retries,
+                history,
                 Timestamp::now(),
                 rand::random::<f64>(),
-            ) else {
-                return Err(error);
+            ) {
+                Next::Retry(wait) => wait,
+                Next::Report => return Err(error),
+                Next::Done => {
+                    tracing::debug!(
+                        operation = %call.operation,
+                        error = %error,
+                        "nothing left to delete after an attempt that may have deleted it"
+                    );
+                    let AttemptKind::Status(status) = kind else {
+                        return Err(error);
+                    };
+                    return Ok(Response {
+                        status,
+                        body: Vec::new(),
+                    });
+                }
             };
+            may_have_acted |= outcome.may_have_acted();
             tracing::debug!(
                 operation = %call.operation,
                 retry = retries + 1,
@@ -563,41 +621,102 @@ impl ActionsClient {
         }
     }
 
-    /// The current admin token, bootstrapping a new one when there is none
-    /// or it is within a minute of expiry.
+    fn admin_slot(&self) -> MutexGuard<'_, AdminSlot> {
+        self.inner
+            .admin
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The current admin token. A call that finds none it may use waits for
+    /// a bootstrap (one at a time, shared); a call that finds one in the
+    /// renewal window uses it and starts the renewal in the background.
     pub(crate) async fn admin_token(&self) -> Result<Arc<AdminToken>, ActionsError> {
-        let arrived = tokio::time::Instant::now();
-        let mut slot = self.inner.admin.lock().await;
-        if let Some(token) = &slot.token
-            && !token.needs_renewal(Timestamp::now())
+        let (mut shared, started) = {
+            let mut slot = self.admin_slot();
+            let plan = plan_admin_token(
+                slot.token.as_deref(),
+                Timestamp::now(),
+                slot.last_background_renewal,
+            );
+            match (plan, slot.token.clone()) {
+                (TokenPlan::Use, Some(token)) => return Ok(token),
+                (TokenPlan::UseAndRenew, Some(token)) => {
+                    if slot.flight.is_none() {
+                        slot.last_background_renewal = Some(Timestamp::now());
+                        self.start_bootstrap(&mut slot, None);
+                    }
+                    return Ok(token);
+                }
+                _ => match &slot.flight {
+                    Some(flight) => (flight.clone(), None),
+                    None => {
+                        let (tx, rx) = oneshot::channel();
+                        (self.start_bootstrap(&mut slot, Some(tx)), Some(rx))
+                    }
+                },
+            }
+        };
+        if let Some(own) = started
+            && let Ok(result) = own.await
         {
-            return Ok(token.clone());
+            return result;
         }
-        if let Some((at, reason)) = &slot.failed
-            && *at >= arrived
-        {
-            return Err(ActionsError::BootstrapFailed {
+        match shared.wait_for(Option::is_some).await.as_deref() {
+            Ok(Some(Ok(token))) => Ok(token.clone()),
+            Ok(Some(Err(reason))) => Err(ActionsError::BootstrapFailed {
                 reason: reason.clone(),
-            });
+            }),
+            Ok(None) | Err(_) => Err(ActionsError::BootstrapFailed {
+                reason: "the bootstrap was abandoned".into(),
+            }),
         }
-        match self.bootstrap().await {
-            Ok(token) => {
-                let token = Arc::new(token);
-                slot.token = Some(token.clone());
-                slot.failed = None;
-                Ok(token)
+    }
+
+    /// Starts a bootstrap as a task of its own, so that it completes (and
+    /// the calls that joined it hear how it went) even if the call that
+    /// started it is cancelled, and so that a renewal can run behind calls
+    /// that do not wait for it. `starter` gets the bootstrap's own error.
+    fn start_bootstrap(
+        &self,
+        slot: &mut AdminSlot,
+        starter: Option<oneshot::Sender<Result<Arc<AdminToken>, ActionsError>>>,
+    ) -> watch::Receiver<Option<SharedBootstrap>> {
+        let (publish, flight) = watch::channel(None);
+        slot.flight = Some(flight.clone());
+        let client = self.clone();
+        tokio::spawn(async move {
+            let result = client.bootstrap().await.map(Arc::new);
+            let shared = match &result {
+                Ok(token) => Ok(token.clone()),
+                Err(error) => Err(error.to_string()),
+            };
+            {
+                let mut slot = client.admin_slot();
+                slot.flight = None;
+                if let Ok(token) = &shared {
+                    slot.token = Some(token.clone());
+                }
             }
-            Err(error) => {
-                slot.failed = Some((tokio::time::Instant::now(), error.to_string()));
-                Err(error)
+            publish.send_replace(Some(shared));
+            match (starter, result) {
+                (Some(starter), result) => {
+                    let _ = starter.send(result);
+                }
+                (None, Err(error)) => tracing::warn!(
+                    error = %error,
+                    "renewing the Actions service admin token failed; the current token serves until it expires"
+                ),
+                (None, Ok(_)) => {}
             }
-        }
+        });
+        flight
     }
 
     /// Forgets an admin token the service rejected, unless another call has
     /// already replaced it.
-    async fn forget_admin_token(&self, rejected: &Arc<AdminToken>) {
-        let mut slot = self.inner.admin.lock().await;
+    fn forget_admin_token(&self, rejected: &Arc<AdminToken>) {
+        let mut slot = self.admin_slot();
         if slot
             .token
             .as_ref()
@@ -721,6 +840,20 @@ impl ActionsClient {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<Response, ActionsError> {
+        self.service_call_at(operation, method, path, body)
+            .await
+            .map(|(response, _)| response)
+    }
+
+    /// [`Self::service_call`], also returning the service URL the call was
+    /// made at (the base URL of the admin token it used).
+    async fn service_call_at(
+        &self,
+        operation: Operation,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(Response, Url), ActionsError> {
         let mut renewed = false;
         loop {
             let admin = self.admin_token().await?;
@@ -744,13 +877,13 @@ impl ActionsClient {
             match result {
                 Err(ActionsError::Status { status: 401, .. }) if !renewed => {
                     tracing::debug!(operation = %operation, "admin token rejected; bootstrapping again");
-                    self.forget_admin_token(&admin).await;
+                    self.forget_admin_token(&admin);
                     renewed = true;
                 }
                 Err(ActionsError::Status { status: 401, .. }) => {
                     return Err(ActionsError::AdminTokenExpired { operation });
                 }
-                other => return other,
+                other => return other.map(|response| (response, admin.service_url.clone())),
             }
         }
     }
@@ -862,7 +995,9 @@ impl ActionsClient {
     }
 
     /// Deletes a scale set. The service refuses while jobs are assigned to
-    /// its runners.
+    /// its runners. A 404 on a retry after an attempt that may have deleted
+    /// it is success; a 404 on the first attempt is
+    /// [`ActionsError::ScaleSetNotFound`].
     pub async fn delete_runner_scale_set(&self, id: i64) -> Result<(), ActionsError> {
         let op = Operation::DeleteScaleSet;
         self.service_call(
@@ -937,32 +1072,47 @@ impl ActionsClient {
 
     /// Creates the message session of a scale set. Only one session per
     /// scale set may exist; a second is [`ActionsError::SessionConflict`].
+    ///
+    /// An attempt whose answer was lost may have opened a session no one
+    /// holds; the retry that meets it as a conflict backs off and tries
+    /// again, as a listener does, until the service lets the orphan go or
+    /// the retries run out.
     pub async fn create_message_session(
         &self,
         scale_set_id: i64,
         owner: &str,
     ) -> Result<MessageSession, ActionsError> {
-        let session = self.create_session(scale_set_id, owner).await?;
-        Ok(MessageSession::new(self.clone(), scale_set_id, session))
+        let (session, service_url) = self.create_session(scale_set_id, owner).await?;
+        let acquire_jobs_url = with_api_version(join(
+            &service_url,
+            &format!("_apis/runtime/runnerscalesets/{scale_set_id}/acquirejobs"),
+            Operation::AcquireJobs,
+        )?);
+        Ok(MessageSession::new(
+            self.clone(),
+            scale_set_id,
+            session,
+            acquire_jobs_url,
+        ))
     }
 
-    /// `POST …/sessions`.
-    pub(crate) async fn create_session(
+    /// `POST …/sessions`, with the service URL the session was opened at.
+    async fn create_session(
         &self,
         scale_set_id: i64,
         owner: &str,
-    ) -> Result<RunnerScaleSetSession, ActionsError> {
+    ) -> Result<(RunnerScaleSetSession, Url), ActionsError> {
         let op = Operation::CreateSession;
         let request = CreateSessionRequest {
             session_id: "00000000-0000-0000-0000-000000000000".into(),
             owner_name: owner.to_string(),
         };
         let path = format!("_apis/runtime/runnerscalesets/{scale_set_id}/sessions");
-        let session: RunnerScaleSetSession = self
-            .service_call(op, Method::POST, &path, Some(to_body(&request, op)?))
-            .await?
-            .json(op)?;
-        check_session(session, op)
+        let (response, service_url) = self
+            .service_call_at(op, Method::POST, &path, Some(to_body(&request, op)?))
+            .await?;
+        let session = check_session(response.json(op)?, op)?;
+        Ok((session, service_url))
     }
 
     /// `PATCH …/sessions/{id}`: a fresh queue token for the same session.
@@ -983,7 +1133,8 @@ impl ActionsClient {
         check_session(session, op)
     }
 
-    /// `DELETE …/sessions/{id}`.
+    /// `DELETE …/sessions/{id}`. A 404 on a retry after an attempt that may
+    /// have deleted the session is success.
     pub(crate) async fn delete_session(
         &self,
         scale_set_id: i64,

@@ -8,9 +8,12 @@
 //! The protocol is the one ARC's Go client (`actions/scaleset`) speaks, down
 //! to the JSON field names ([`types`]), with the choices it leaves to callers
 //! made here once: every call has a timeout and bounded, jittered retries
-//! ([`retry`]), the service's `{typeName, message}` errors become typed
-//! [`ActionsError`] variants, the admin token is renewed before it expires,
-//! and an expired queue token costs one refresh, not a failed poll.
+//! of what is safe to repeat ([`retry`]), the service's `{typeName, message}`
+//! errors become typed [`ActionsError`] variants, the admin token is renewed
+//! in the background before it expires (calls that have a usable token, and
+//! every call on a message session, never wait for a bootstrap), an expired
+//! queue token costs one refresh, not a failed poll, and proxies come from
+//! the environment unless [`ProxyConfig`] says otherwise.
 //!
 //! Tokens, private keys and JIT configurations are held in [`Secret`], whose
 //! `Debug` is redacted and which has no `Display`; errors carry no request

@@ -50,13 +50,24 @@ pub enum Operation {
 }
 
 impl Operation {
-    /// Whether a second attempt could meet the first one's result: the call
-    /// creates an object the service names uniquely (a scale set by name, a
-    /// runner by name, the one session of a scale set).
+    /// Whether the call creates an object the service names uniquely (a
+    /// scale set by name, a runner by name, the one session of a scale set),
+    /// so a second attempt after a first that may have acted could meet the
+    /// first one's result.
     pub fn creates_something(self) -> bool {
         matches!(
             self,
             Self::CreateScaleSet | Self::GenerateJitConfig | Self::CreateSession
+        )
+    }
+
+    /// Whether the call removes something, so that "it is not there" is the
+    /// state the call was after: a 404 on a retry whose first attempt may
+    /// have acted means the first attempt did the work.
+    pub fn deletes_something(self) -> bool {
+        matches!(
+            self,
+            Self::RemoveRunner | Self::DeleteScaleSet | Self::DeleteSession | Self::DeleteMessage
         )
     }
 

@@ -1,8 +1,10 @@
 //! When to retry a call and how long to wait first.
 //!
-//! Pure functions over a policy, an outcome, the time and a jitter sample, so
-//! the schedule is unit-tested without sleeping; the client supplies the
-//! clock and the random number.
+//! Pure functions over a policy, the operation, an attempt's outcome, what
+//! the earlier attempts came to, the time and a jitter sample, so both what
+//! is safe to repeat ([`verdict`]) and the schedule are unit-tested in
+//! tables without sleeping; the client supplies the clock and the random
+//! number.
 
 use std::time::Duration;
 
@@ -65,7 +67,51 @@ pub enum Outcome<'a> {
     Certificate,
 }
 
-/// Whether an outcome is worth another attempt.
+impl Outcome<'_> {
+    /// Whether the service may have carried the request out even though the
+    /// client never saw it succeed.
+    ///
+    /// Only three outcomes prove it did not: no connection was made, the
+    /// service turned the request away before looking at it (429, 501), or
+    /// it answered with a 4xx that says why it refused. A 5xx, including the
+    /// 502/503/504 a gateway or load balancer sends when the backend is slow
+    /// or restarting, may come after the backend acted; a broken connection
+    /// or a timeout may come after the request arrived.
+    pub fn may_have_acted(&self) -> bool {
+        match self {
+            Self::Connect | Self::Certificate => false,
+            Self::Transport | Self::Timeout => true,
+            Self::Status { status, .. } => (500..=599).contains(status) && *status != 501,
+        }
+    }
+}
+
+/// What the attempts of one call have come to so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct History {
+    /// Retries already spent.
+    pub retries_done: u32,
+    /// Whether an earlier attempt may have been carried out by the service
+    /// (see [`Outcome::may_have_acted`]). It changes what a later attempt's
+    /// answer means: a 404 on a delete, a 409 on a create session.
+    pub may_have_acted: bool,
+}
+
+/// What to do about an unsuccessful attempt, before the retry budget and
+/// the wait are considered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Worth another attempt.
+    Retry,
+    /// Report the attempt's error.
+    Report,
+    /// The call has done what it was for, although this attempt failed: a
+    /// delete that finds nothing to delete after an earlier attempt may have
+    /// deleted it.
+    Done,
+}
+
+/// Whether an outcome is worth another attempt, per operation.
 ///
 /// Connection errors, timeouts, 429 and 5xx other than 501 (which will not
 /// change on a retry) are transient. A rejected server certificate is not: it
@@ -76,27 +122,51 @@ pub enum Outcome<'a> {
 /// yet. Every other 4xx is an answer, and asking again would only get it
 /// again.
 ///
-/// Calls that create something (a scale set, a runner registration, a
-/// message session) are retried only when the service provably did not act:
-/// no connection, 429, or 503. After a timeout, a broken connection or
-/// another 5xx the first attempt may have succeeded with its answer lost, and
-/// a second attempt would then meet the first's result as a conflict (a
-/// session nobody holds the id of, a registration whose JIT config is gone)
-/// instead of reporting what happened. The caller sees the original error
-/// and decides with what it knows (ARC looks the runner up by name).
-pub fn is_retryable(operation: Operation, outcome: &Outcome<'_>) -> bool {
-    let creates = operation.creates_something();
+/// What the call does changes that:
+///
+/// - A call that creates a scale set or a runner registration is retried
+///   only when the service provably did not act (no connection, 429). After
+///   any outcome that [may have acted](Outcome::may_have_acted), a 503 from
+///   a gateway included, a second attempt would meet the first one's result
+///   as a conflict (a registration whose JIT config is gone, a name taken by
+///   the scale set being created) instead of reporting what happened. The
+///   caller sees the original error and decides with what it knows (ARC
+///   looks the runner up by name).
+/// - Creating a message session is retried after such an outcome too, and
+///   a 409 conflict that follows it is then retried with backoff, as a
+///   listener retries a conflict: the session the lost attempt may have
+///   opened is held by no one, and the service lets it go when it is not
+///   polled. A 409 with no such attempt before it is another listener's
+///   session, and is reported at once.
+/// - A delete (runner, scale set, session, message) is retried like a read,
+///   and a 404 after an attempt that may have acted is [`Verdict::Done`]:
+///   the object is gone, which is what the call was for.
+pub fn verdict(
+    operation: Operation,
+    outcome: &Outcome<'_>,
+    earlier_may_have_acted: bool,
+) -> Verdict {
+    let retry_if = |yes: bool| if yes { Verdict::Retry } else { Verdict::Report };
+    if let Outcome::Status { status, .. } = outcome
+        && earlier_may_have_acted
+    {
+        if *status == 404 && operation.deletes_something() {
+            return Verdict::Done;
+        }
+        if *status == 409 && operation == Operation::CreateSession {
+            return Verdict::Retry;
+        }
+    }
+    if outcome.may_have_acted() {
+        return retry_if(!operation.creates_something() || operation == Operation::CreateSession);
+    }
     match outcome {
-        Outcome::Connect => true,
-        Outcome::Transport | Outcome::Timeout => !creates,
-        Outcome::Certificate => false,
-        Outcome::Status { status, .. } => match *status {
-            429 | 503 => true,
-            501 => false,
-            500..=599 => !creates,
-            401 | 403 => operation == Operation::RunnerRegistration,
-            _ => false,
-        },
+        Outcome::Connect => Verdict::Retry,
+        Outcome::Status { status: 429, .. } => Verdict::Retry,
+        Outcome::Status {
+            status: 401 | 403, ..
+        } => retry_if(operation == Operation::RunnerRegistration),
+        _ => Verdict::Report,
     }
 }
 
@@ -145,20 +215,32 @@ pub fn backoff(
     }
 }
 
-/// Decides whether to retry after an attempt and how long to wait first.
-///
-/// `retries_done` counts the retries already spent. `None` means give up and
-/// report the outcome.
-pub fn next_delay(
+/// What the client does after an unsuccessful attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Attempt again after this wait.
+    Retry(Duration),
+    /// Give up and report the attempt's error.
+    Report,
+    /// Report success (see [`Verdict::Done`]).
+    Done,
+}
+
+/// Decides what to do after an attempt: the [`verdict`], bounded by the
+/// policy's retry budget, with the wait before the next attempt.
+pub fn next_step(
     policy: &RetryPolicy,
     operation: Operation,
     outcome: &Outcome<'_>,
-    retries_done: u32,
+    history: History,
     now: Timestamp,
     jitter: f64,
-) -> Option<Duration> {
-    if retries_done >= policy.max_retries || !is_retryable(operation, outcome) {
-        return None;
+) -> Next {
+    match verdict(operation, outcome, history.may_have_acted) {
+        Verdict::Done => return Next::Done,
+        Verdict::Report => return Next::Report,
+        Verdict::Retry if history.retries_done >= policy.max_retries => return Next::Report,
+        Verdict::Retry => {}
     }
     let retry_after = match outcome {
         Outcome::Status {
@@ -167,7 +249,7 @@ pub fn next_delay(
         } => parse_retry_after(value, now),
         _ => None,
     };
-    Some(backoff(policy, retries_done, retry_after, jitter))
+    Next::Retry(backoff(policy, history.retries_done, retry_after, jitter))
 }
 
 #[cfg(test)]
@@ -185,65 +267,171 @@ mod tests {
         }
     }
 
-    #[test]
-    fn creating_calls_retry_only_when_the_service_did_not_act() {
-        for op in [
-            Operation::CreateScaleSet,
-            Operation::GenerateJitConfig,
-            Operation::CreateSession,
-        ] {
-            for not_acted in [Outcome::Connect, status(429), status(503)] {
-                assert!(is_retryable(op, &not_acted), "{op:?} {not_acted:?}");
-            }
-            for maybe_acted in [
-                Outcome::Transport,
-                Outcome::Timeout,
-                status(500),
-                status(502),
-                status(504),
-            ] {
-                assert!(!is_retryable(op, &maybe_acted), "{op:?} {maybe_acted:?}");
-            }
-        }
-        // Reads, deletes and acknowledgements are safe to repeat.
-        for op in [
-            Operation::GetRunner,
-            Operation::RemoveRunner,
-            Operation::DeleteMessage,
-        ] {
-            assert!(is_retryable(op, &Outcome::Timeout), "{op:?}");
-        }
-    }
+    use Operation as Op;
+    use Verdict::{Done, Report, Retry};
 
-    #[test]
-    fn transient_failures_retry_answers_do_not() {
-        let op = Operation::GetScaleSet;
-        for retryable in [
-            status(500),
-            status(502),
-            status(503),
-            status(504),
-            status(429),
+    /// Every outcome the tables run through, with a short name for messages.
+    fn outcomes() -> Vec<Outcome<'static>> {
+        vec![
             Outcome::Connect,
             Outcome::Transport,
             Outcome::Timeout,
-        ] {
-            assert!(is_retryable(op, &retryable), "{retryable:?}");
-        }
-        for answer in [
             Outcome::Certificate,
             status(400),
             status(401),
             status(403),
             status(404),
             status(409),
+            status(429),
+            status(500),
             status(501),
-        ] {
-            assert!(!is_retryable(op, &answer), "{answer:?}");
+            status(502),
+            status(503),
+            status(504),
+        ]
+    }
+
+    #[test]
+    fn only_connection_failures_and_refusals_prove_nothing_was_done() {
+        for outcome in outcomes() {
+            let expected = matches!(
+                outcome,
+                Outcome::Transport
+                    | Outcome::Timeout
+                    | Outcome::Status {
+                        status: 500 | 502 | 503 | 504,
+                        ..
+                    }
+            );
+            assert_eq!(outcome.may_have_acted(), expected, "{outcome:?}");
         }
-        assert!(is_retryable(Operation::RunnerRegistration, &status(401)));
-        assert!(is_retryable(Operation::RunnerRegistration, &status(403)));
-        assert!(!is_retryable(Operation::RunnerRegistration, &status(404)));
+    }
+
+    #[test]
+    fn verdicts_per_operation_and_outcome() {
+        // (operations, outcome, verdict on a first attempt, verdict after an
+        // attempt that may have acted)
+        let reads = [
+            Op::GetScaleSet,
+            Op::GetRunner,
+            Op::GetRunnerGroup,
+            Op::GetMessage,
+        ];
+        let creates = [Op::CreateScaleSet, Op::GenerateJitConfig];
+        let session = [Op::CreateSession];
+        let deletes = [
+            Op::RemoveRunner,
+            Op::DeleteScaleSet,
+            Op::DeleteSession,
+            Op::DeleteMessage,
+        ];
+        let registration = [Op::RunnerRegistration];
+        #[rustfmt::skip]
+        let table: &[(&[Operation], Outcome<'static>, Verdict, Verdict)] = &[
+            // Idempotent reads: every transient failure is retried.
+            (&reads, Outcome::Connect, Retry, Retry),
+            (&reads, Outcome::Transport, Retry, Retry),
+            (&reads, Outcome::Timeout, Retry, Retry),
+            (&reads, status(429), Retry, Retry),
+            (&reads, status(500), Retry, Retry),
+            (&reads, status(502), Retry, Retry),
+            (&reads, status(503), Retry, Retry),
+            (&reads, status(504), Retry, Retry),
+            (&reads, status(501), Report, Report),
+            (&reads, Outcome::Certificate, Report, Report),
+            (&reads, status(400), Report, Report),
+            (&reads, status(401), Report, Report),
+            (&reads, status(403), Report, Report),
+            (&reads, status(404), Report, Report),
+            (&reads, status(409), Report, Report),
+            // Creates: only when the service provably did not act.
+            (&creates, Outcome::Connect, Retry, Retry),
+            (&creates, status(429), Retry, Retry),
+            (&creates, Outcome::Transport, Report, Report),
+            (&creates, Outcome::Timeout, Report, Report),
+            (&creates, status(500), Report, Report),
+            (&creates, status(502), Report, Report),
+            (&creates, status(503), Report, Report),
+            (&creates, status(504), Report, Report),
+            (&creates, status(409), Report, Report),
+            (&creates, status(404), Report, Report),
+            // Create session: retried after an ambiguous failure, and the
+            // conflict that may follow it is backed off from, not reported.
+            (&session, Outcome::Connect, Retry, Retry),
+            (&session, status(429), Retry, Retry),
+            (&session, Outcome::Transport, Retry, Retry),
+            (&session, Outcome::Timeout, Retry, Retry),
+            (&session, status(503), Retry, Retry),
+            (&session, status(504), Retry, Retry),
+            (&session, status(409), Report, Retry),
+            (&session, status(404), Report, Report),
+            (&session, status(400), Report, Report),
+            // Deletes: retried like reads, and a 404 after an attempt that
+            // may have acted means that attempt did the work.
+            (&deletes, Outcome::Transport, Retry, Retry),
+            (&deletes, Outcome::Timeout, Retry, Retry),
+            (&deletes, status(503), Retry, Retry),
+            (&deletes, status(502), Retry, Retry),
+            (&deletes, status(429), Retry, Retry),
+            (&deletes, status(404), Report, Done),
+            (&deletes, status(409), Report, Report),
+            (&deletes, status(400), Report, Report),
+            // A registration token not yet seen by every replica.
+            (&registration, status(401), Retry, Retry),
+            (&registration, status(403), Retry, Retry),
+            (&registration, status(404), Report, Report),
+            (&registration, status(503), Retry, Retry),
+        ];
+        for (operations, outcome, first, after_ambiguous) in table {
+            for op in *operations {
+                assert_eq!(verdict(*op, outcome, false), *first, "{op} {outcome:?}");
+                assert_eq!(
+                    verdict(*op, outcome, true),
+                    *after_ambiguous,
+                    "{op} {outcome:?} after an attempt that may have acted"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_operation_has_a_verdict_for_every_outcome() {
+        // No combination panics, and a create never repeats blindly.
+        let all = [
+            Op::InstallationToken,
+            Op::RegistrationToken,
+            Op::RunnerRegistration,
+            Op::GetRunnerGroup,
+            Op::GetScaleSet,
+            Op::GetScaleSetById,
+            Op::CreateScaleSet,
+            Op::UpdateScaleSet,
+            Op::DeleteScaleSet,
+            Op::GenerateJitConfig,
+            Op::GetRunner,
+            Op::GetRunnerByName,
+            Op::RemoveRunner,
+            Op::CreateSession,
+            Op::RefreshSession,
+            Op::DeleteSession,
+            Op::GetMessage,
+            Op::DeleteMessage,
+            Op::AcquireJobs,
+        ];
+        for op in all {
+            for outcome in outcomes() {
+                for earlier in [false, true] {
+                    let v = verdict(op, &outcome, earlier);
+                    if op.creates_something() && op != Op::CreateSession && outcome.may_have_acted()
+                    {
+                        assert_eq!(v, Report, "{op} {outcome:?}");
+                    }
+                    if v == Done {
+                        assert!(op.deletes_something() && earlier, "{op} {outcome:?}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -311,25 +499,40 @@ mod tests {
     }
 
     #[test]
-    fn next_delay_is_bounded_by_max_retries() {
+    fn next_step_is_bounded_by_max_retries() {
         let p = policy();
         let now = Timestamp::UNIX_EPOCH;
         let op = Operation::DeleteMessage;
+        let after = |retries_done| History {
+            retries_done,
+            may_have_acted: retries_done > 0,
+        };
         for done in 0..p.max_retries {
-            assert!(next_delay(&p, op, &status(503), done, now, 0.5).is_some());
+            assert!(matches!(
+                next_step(&p, op, &status(503), after(done), now, 0.5),
+                Next::Retry(_)
+            ));
         }
         assert_eq!(
-            next_delay(&p, op, &status(503), p.max_retries, now, 0.5),
-            None
+            next_step(&p, op, &status(503), after(p.max_retries), now, 0.5),
+            Next::Report
         );
-        assert_eq!(next_delay(&p, op, &status(400), 0, now, 0.5), None);
+        assert_eq!(
+            next_step(&p, op, &status(400), after(0), now, 0.5),
+            Next::Report
+        );
+        // A delete that is done is done whatever the budget says.
+        assert_eq!(
+            next_step(&p, op, &status(404), after(p.max_retries), now, 0.5),
+            Next::Done
+        );
         let limited = Outcome::Status {
             status: 429,
             retry_after: Some("7"),
         };
         assert_eq!(
-            next_delay(&p, op, &limited, 0, now, 0.0),
-            Some(Duration::from_secs(7))
+            next_step(&p, op, &limited, after(0), now, 0.0),
+            Next::Retry(Duration::from_secs(7))
         );
     }
 }

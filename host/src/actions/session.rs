@@ -7,7 +7,7 @@ use http::{HeaderName, HeaderValue};
 use reqwest::Method;
 use url::Url;
 
-use super::client::{ActionsClient, QueueRequest, Response, with_api_version};
+use super::client::{ActionsClient, QueueRequest, Response};
 use super::types::{
     ListResponse, Message, MessageEnvelope, RunnerScaleSetSession, RunnerScaleSetStatistic,
 };
@@ -34,6 +34,12 @@ pub struct MessageSession {
     /// The current session, swapped whole on refresh. Callers take a
     /// snapshot and make their call without holding the lock.
     session: Mutex<Arc<RunnerScaleSetSession>>,
+    /// Where acquire-jobs goes: the Actions service URL the session was
+    /// opened at. Kept here so that acquiring jobs, like polling, needs
+    /// nothing but the session: asking the client for the admin token just
+    /// to build this URL would make every acquisition wait whenever the
+    /// admin token is being renewed, which is when GitHub is slow.
+    acquire_jobs_url: Url,
 }
 
 impl fmt::Debug for MessageSession {
@@ -50,11 +56,13 @@ impl MessageSession {
         client: ActionsClient,
         scale_set_id: i64,
         session: RunnerScaleSetSession,
+        acquire_jobs_url: Url,
     ) -> Self {
         Self {
             client,
             scale_set_id,
             session: Mutex::new(Arc::new(session)),
+            acquire_jobs_url,
         }
     }
 
@@ -202,6 +210,10 @@ impl MessageSession {
     /// Claims available jobs by their `runnerRequestId`s and returns the ids
     /// the service actually handed over (others were taken elsewhere or
     /// canceled).
+    ///
+    /// Authorised by the session's queue token and addressed with the
+    /// session's own service URL, so it never waits for an admin token
+    /// bootstrap.
     pub async fn acquire_jobs(&self, request_ids: &[i64]) -> Result<Vec<i64>, ActionsError> {
         let op = Operation::AcquireJobs;
         if request_ids.is_empty() {
@@ -212,18 +224,7 @@ impl MessageSession {
             operation: op,
             reason: e.to_string(),
         })?;
-        let admin = self.client.admin_token().await?;
-        let url = admin
-            .service_url
-            .join(&format!(
-                "_apis/runtime/runnerscalesets/{}/acquirejobs",
-                self.scale_set_id
-            ))
-            .map_err(|e| ActionsError::Decode {
-                operation: op,
-                reason: e.to_string(),
-            })?;
-        let url = with_api_version(url);
+        let url = &self.acquire_jobs_url;
         let response = self
             .with_queue_token(|session| {
                 let (url, body) = (url.clone(), body.clone());
