@@ -965,6 +965,8 @@ async fn the_control_api_works_over_http() {
     assert_eq!(no_session.status, StatusCode::NOT_FOUND);
     let scale_sets = call(&http, Method::GET, &url("scale-sets"), None, None).await;
     assert_eq!(scale_sets.json, json!([]));
+    let settings = call(&http, Method::GET, &url("settings"), None, None).await;
+    assert_eq!(settings.json, json!({"assignment_timeout_ms": 60_000}));
     let credentials = call(&http, Method::GET, &url("credentials"), None, None).await;
     assert_eq!(credentials.json["pat"], fake.pat());
     assert!(
