@@ -135,6 +135,33 @@ fn each_kind_has_its_bundled_default_and_it_loads_with_no_imports() {
     }
 }
 
+/// The table the build script generates for the library names the bundled
+/// policies and nothing else: no guest only tests run, and no path of the
+/// machine that built it (the components are included relative to
+/// `OUT_DIR`, whatever that is).
+#[test]
+fn the_generated_table_has_only_the_builtins_and_no_path() {
+    let table = include_str!(concat!(env!("OUT_DIR"), "/guests.rs"));
+    for guest in arcwright_test_guests::all() {
+        assert!(!table.contains(guest.package), "{table}");
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    for path in [workspace, Path::new(env!("OUT_DIR"))] {
+        assert!(!table.contains(path.to_str().unwrap()), "{table}");
+    }
+    for include in table.split("include_bytes!(").skip(1) {
+        assert!(
+            include.starts_with("concat!(env!(\"OUT_DIR\"), \"/"),
+            "a component included by another path:\n{table}"
+        );
+    }
+    assert_eq!(
+        table.matches("Builtin {").count(),
+        BUILTINS.len(),
+        "{table}"
+    );
+}
+
 /// The production binary carries the bundled policies and nothing of the
 /// guests only tests run: not their bytes or names, and not the directory
 /// they were built in, a path of the build machine.
