@@ -166,7 +166,7 @@ fn call(policy: &Policy) {
 /// The empty component (a scaling policy answering a constant): the floor
 /// of instantiation plus the call boundary, for every kind.
 fn floor(engine: &PolicyEngine) -> Option<Arc<Policy>> {
-    let path = bundled::artifact("policy-test-empty")?;
+    let path = arcwright_test_guests::path("policy-test-empty")?;
     let wasm = std::fs::read(path).expect("the built artifact is readable");
     configured(engine, &wasm, "policy-test-empty")
 }
@@ -301,7 +301,7 @@ fn tuning() {
 /// where a loaded machine shows up as noise instead of a failed test.
 fn interruption(engine: &PolicyEngine) {
     const RUNS: usize = 20;
-    let Some(path) = bundled::artifact("policy-test-hostile") else {
+    let Some(path) = arcwright_test_guests::path("policy-test-hostile") else {
         return;
     };
     let wasm = std::fs::read(path).expect("the hostile test component is readable");

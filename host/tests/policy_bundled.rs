@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arcwright::policy::bundled::{self, BUILTINS};
+use arcwright::policy::bundled::BUILTINS;
 use arcwright::policy::suite::{self, Suite};
 use arcwright::policy::{EngineConfig, PolicyEngine, PolicyKind};
 
@@ -57,10 +57,12 @@ fn every_guest_suite_passes_through_wasmtime() {
             continue;
         }
         let package = package_name(&dir).unwrap();
-        let artifact = bundled::artifact(&package).unwrap_or_else(|| {
-            panic!("{package} has suites but the build produced no artifact for it")
-        });
-        let wasm = fs::read(artifact).unwrap();
+        // Bundled policies are run from the bytes the binary embeds; the
+        // others (the template, an author's policy) from the test guests.
+        let wasm = match BUILTINS.iter().find(|b| b.package == package) {
+            Some(builtin) => builtin.wasm.to_vec(),
+            None => arcwright_test_guests::wasm(&package),
+        };
         let module = Arc::new(
             engine
                 .load(&wasm, None)
@@ -131,4 +133,118 @@ fn each_kind_has_its_bundled_default_and_it_loads_with_no_imports() {
         let module = engine.load(builtin.wasm, Some(builtin.kind)).unwrap();
         assert_eq!(module.info().size, builtin.wasm.len());
     }
+}
+
+/// The table the build script generates for the library names the bundled
+/// policies and nothing else: no guest only tests run, and no path of the
+/// machine that built it (the components are included relative to
+/// `OUT_DIR`, whatever that is).
+#[test]
+fn the_generated_table_has_only_the_builtins_and_no_path() {
+    let table = include_str!(concat!(env!("OUT_DIR"), "/guests.rs"));
+    for guest in arcwright_test_guests::all() {
+        assert!(!table.contains(guest.package), "{table}");
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    for path in [workspace, Path::new(env!("OUT_DIR"))] {
+        assert!(!table.contains(path.to_str().unwrap()), "{table}");
+    }
+    for include in table.split("include_bytes!(").skip(1) {
+        assert!(
+            include.starts_with("concat!(env!(\"OUT_DIR\"), \"/"),
+            "a component included by another path:\n{table}"
+        );
+    }
+    assert_eq!(
+        table.matches("Builtin {").count(),
+        BUILTINS.len(),
+        "{table}"
+    );
+}
+
+/// The production binary carries the bundled policies and nothing of the
+/// guests only tests run: not their bytes or names, and not the directory
+/// they were built in, a path of the build machine.
+#[test]
+fn the_binary_embeds_no_test_guest_and_no_build_path() {
+    let binary = fs::read(env!("CARGO_BIN_EXE_arcwright")).unwrap();
+    // Searched as text with std's substring search: a debug binary is
+    // hundreds of megabytes.
+    let binary = String::from_utf8_lossy(&binary);
+    let guests = arcwright_test_guests::all();
+    assert!(
+        guests.iter().any(|g| g.package == "policy-test-hostile"),
+        "{guests:?}"
+    );
+    // <target>/wasm-guests/wasm32-wasip2/release/<guest>.wasm
+    let guests_dir = Path::new(guests[0].path).ancestors().nth(3).unwrap();
+    assert!(guests_dir.ends_with("wasm-guests"), "{guests_dir:?}");
+    let mut needles = vec![guests_dir.to_str().unwrap().to_string()];
+    for guest in guests {
+        needles.push(guest.package.to_string());
+        needles.push(guest.package.replace('-', "_"));
+    }
+    for needle in needles {
+        assert!(
+            !binary.contains(&needle),
+            "the arcwright binary contains {needle:?}"
+        );
+    }
+    // The bundled policies themselves are in it.
+    assert!(!BUILTINS.is_empty());
+}
+
+/// Guests are built under the target directory cargo uses, so a machine
+/// that keeps it elsewhere gets no stray `target/` in the checkout.
+#[test]
+fn test_guests_are_built_under_the_target_directory() {
+    let target = match option_env!("CARGO_TARGET_DIR") {
+        Some(dir) if Path::new(dir).is_absolute() => PathBuf::from(dir),
+        _ => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap()
+            .join("target"),
+    };
+    for guest in arcwright_test_guests::all() {
+        let path = Path::new(guest.path);
+        assert!(
+            path.starts_with(target.join("wasm-guests")),
+            "{} is outside {}",
+            path.display(),
+            target.display()
+        );
+        assert!(path.is_file(), "{} was not built", path.display());
+    }
+}
+
+/// The policy author's guide shows the suite a copy of the template starts
+/// with: it is the template's own suite, so a copy run as the guide says
+/// passes (the template's suites run in `every_guest_suite_passes_...`),
+/// and there is one suite to edit, not a second one beside the template's.
+#[test]
+fn the_guides_suite_is_the_template_suite_a_copy_starts_with() {
+    let readme = fs::read_to_string(policies_dir().join("../README.md")).unwrap();
+    let step = readme
+        .split_once("### 4. Write a suite")
+        .expect("the guide has a step 4")
+        .1;
+    let example = step
+        .split_once("```yaml\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("step 4 shows a suite")
+        .0;
+    let template = policies_dir().join("template");
+    let suites = suites_of(&template);
+    assert_eq!(
+        suites,
+        [template.join("tests/policy.yaml")],
+        "the template has one suite, the one the guide names"
+    );
+    let suite = fs::read_to_string(&suites[0]).unwrap();
+    assert!(
+        suite.contains(example),
+        "the guide's suite is not the start of {}:\n{example}",
+        suites[0].display()
+    );
+    assert!(step.contains("policies/my-policy/tests/policy.yaml"));
 }

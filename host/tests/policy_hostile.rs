@@ -1,7 +1,7 @@
 //! Hostile and malformed modules: each gives a clear error, the host
 //! survives, and the next call to a good policy works.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arcwright::policy::bundled;
@@ -17,11 +17,7 @@ fn engine() -> PolicyEngine {
     PolicyEngine::new(EngineConfig::default()).unwrap()
 }
 
-fn artifact(package: &str) -> Vec<u8> {
-    let path =
-        bundled::artifact(package).unwrap_or_else(|| panic!("the build produced no {package}"));
-    std::fs::read(path).unwrap()
-}
+use arcwright_test_guests::wasm as artifact;
 
 fn hostile(engine: &PolicyEngine) -> Arc<PolicyModule> {
     Arc::new(
@@ -170,33 +166,119 @@ fn the_hostile_module_behaves_with_empty_settings() {
     let engine = engine();
     let policy = Policy::new(hostile(&engine), "hostile", None, CallLimits::default()).unwrap();
     let decision = policy.scaling(&input()).unwrap();
-    assert!(decision.desired <= 10);
+    assert_eq!(decision.desired, 4);
+    assert_eq!(decision.reason, "minRunners 1 + assignedJobs 3 = 4");
+    assert_eq!(decision.clamped_from, None);
+}
+
+/// Collects what the `tracing` subscriber of a test writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+/// The per-call log budget of the host (`MAX_LOG_LINES_PER_CALL`), as an
+/// operator sees it: a policy writes at most this many lines per decision.
+const LOG_LINES_PER_CALL: usize = 16;
+
+#[test]
+fn a_log_flood_is_cut_to_the_per_call_budget() {
+    let engine = engine();
+    let settings = serde_json::json!({ "misbehave": "log-flood" });
+    // Every line is a call into the host, dropped or not: the longest
+    // deadline, so that a loaded machine cannot turn this into a timeout.
+    let limits = CallLimits {
+        deadline: Duration::from_millis(1000),
+        ..CallLimits::default()
+    };
+    let policy = Policy::new(
+        hostile(&engine),
+        "hostile:log-flood",
+        Some(&settings),
+        limits,
+    )
+    .unwrap();
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let captured = captured.clone();
+            move || captured.clone()
+        })
+        .with_ansi(false)
+        .with_max_level(tracing::Level::DEBUG)
+        .finish();
+    // The guest runs on the calling thread, so a thread-local subscriber
+    // sees everything the host logs for it. Two decisions: the budget is
+    // per call, and a flood in one does not silence the next.
+    let decisions = tracing::subscriber::with_default(subscriber, || {
+        [policy.scaling(&input()), policy.scaling(&input())]
+    });
+    for decision in decisions {
+        // 10 000 lines logged, and the answer is still the normal one.
+        assert_eq!(decision.unwrap().desired, 4);
+    }
+
+    let log = captured.text();
+    let flood: Vec<&str> = log.lines().filter(|l| l.contains("flood line")).collect();
+    assert_eq!(flood.len(), 2 * LOG_LINES_PER_CALL, "{log}");
+    for (i, line) in flood.iter().enumerate() {
+        let n = i % LOG_LINES_PER_CALL;
+        assert!(line.contains(&format!("flood line {n}")), "{line}");
+        assert!(line.contains("WARN"), "{line}");
+        // Attributed to the policy.
+        assert!(line.contains("hostile:log-flood"), "{line}");
+    }
+    // The first line of each flood is 8 KiB long; it arrives cut short.
+    assert!(flood[0].len() < 1200, "{} bytes", flood[0].len());
+    assert!(flood[0].contains("xxx..."), "{}", flood[0]);
+    assert_eq!(
+        log.matches("policy logged more than 16 lines in one call; the rest are dropped")
+            .count(),
+        2,
+        "{log}"
+    );
+}
+
+/// A decider over `policy` that falls back to the bundled default and
+/// records what it reports.
+fn deciding(engine: &PolicyEngine, policy: Policy) -> (Decider, Arc<RecordingReporter>) {
+    let default = Policy::new(
+        Arc::new(engine.load_builtin(PolicyKind::Scaling, "default").unwrap()),
+        "builtin:default",
+        None,
+        CallLimits::default(),
+    )
+    .unwrap();
+    let recording = Arc::new(RecordingReporter::new());
+    let decider = Decider::new(Arc::new(policy), Arc::new(default), recording.clone());
+    (decider, recording)
 }
 
 #[test]
 fn failures_fall_back_to_the_default_and_are_reported() {
     let engine = engine();
     let module = hostile(&engine);
-    let default = Arc::new(
-        Policy::new(
-            Arc::new(engine.load_builtin(PolicyKind::Scaling, "default").unwrap()),
-            "builtin:default",
-            None,
-            CallLimits::default(),
-        )
-        .unwrap(),
-    );
-    let recording = Arc::new(RecordingReporter::new());
-    let decider = Decider::new(
-        Arc::new(misbehaving(&module, "panic")),
-        Arc::clone(&default),
-        recording.clone(),
-    );
+    let (decider, recording) = deciding(&engine, misbehaving(&module, "panic"));
     let decided = decider.scaling_blocking(&input()).unwrap();
     assert_eq!(decided.decision.desired, 4);
     assert_eq!(decided.policy, "builtin:default");
     assert!(decided.fallback_reason.unwrap().contains("trapped"));
-    for how in ["spin", "memory-bomb", "huge-output"] {
+    for how in ["spin", "memory-bomb", "huge-output", "error"] {
         decider.swap(Arc::new(misbehaving(&module, how)));
         assert_eq!(
             decider.scaling_blocking(&input()).unwrap().decision.desired,
@@ -224,6 +306,7 @@ fn failures_fall_back_to_the_default_and_are_reported() {
             ("hostile:spin", "timeout"),
             ("hostile:memory-bomb", "memory"),
             ("hostile:huge-output", "output-too-large"),
+            ("hostile:error", "decision-error"),
             ("hostile:bad-desired", "out-of-range"),
         ]
         .map(|(p, r)| (p.to_string(), r.to_string()))
@@ -232,6 +315,21 @@ fn failures_fall_back_to_the_default_and_are_reported() {
         &recording.events()[0].event,
         PolicyEvent::Fallback { fallback, .. } if fallback == "builtin:default"
     ));
+}
+
+#[test]
+fn a_policy_error_falls_back_and_says_why() {
+    let engine = engine();
+    let (decider, recording) = deciding(&engine, misbehaving(&hostile(&engine), "error"));
+    let decided = decider.scaling_blocking(&input()).unwrap();
+    assert_eq!(decided.decision.desired, 4);
+    assert_eq!(decided.policy, "builtin:default");
+    let why = decided.fallback_reason.unwrap();
+    assert!(why.contains("asked to fail"), "{why}");
+    let events = recording.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].policy, "hostile:error");
+    assert_eq!(events[0].event.failure_reason(), Some("decision-error"));
 }
 
 #[tokio::test]

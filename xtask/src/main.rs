@@ -1,5 +1,5 @@
 //! arcwright's entry points: `cargo xtask test`, `cargo xtask bench`,
-//! `cargo xtask control-plane`.
+//! `cargo xtask control-plane`, `cargo xtask setup`.
 //!
 //! These are the commands the README promises. They make sure of what a fresh
 //! machine lacks (the `wasm32-wasip2` target, the locally built control
@@ -61,11 +61,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Task::Test { args } => {
             setup()?;
-            // `--workspace` takes in the policy guests too: their native unit
-            // tests run here, and their YAML suites run through wasmtime in the
-            // host's tests.
-            let command = ["test".to_owned(), "--workspace".to_owned()];
-            cargo(&command.into_iter().chain(args).collect::<Vec<_>>())
+            cargo(&test_command(args))
         }
         Task::Bench { args } => {
             ensure_wasm_target()?;
@@ -79,6 +75,37 @@ fn run(cli: Cli) -> Result<()> {
         }
         Task::Setup => setup(),
     }
+}
+
+/// The `cargo test` arguments for `cargo xtask test ARGS`.
+///
+/// Without a package selection the whole workspace is tested: `--workspace`
+/// takes in the policy guests too (their native unit tests run here; their
+/// YAML suites run through wasmtime in the host's tests), which a plain
+/// `cargo test` at the root would leave out (they are not default members).
+/// With `-p NAME` (or `--package`, `--workspace`, `--exclude`) the caller
+/// has chosen, and `--workspace` must not be added: cargo would test every
+/// package and the selection would silently mean nothing.
+fn test_command(args: Vec<String>) -> Vec<String> {
+    let selects_packages = args
+        .iter()
+        // Everything after `--` goes to the test binaries, not to cargo.
+        .take_while(|arg| arg.as_str() != "--")
+        .any(|arg| {
+            arg.starts_with("-p")
+                || arg == "--package"
+                || arg.starts_with("--package=")
+                || arg == "--workspace"
+                || arg == "--all"
+                || arg == "--exclude"
+                || arg.starts_with("--exclude=")
+        });
+    let mut command = vec!["test".to_owned()];
+    if !selects_packages {
+        command.push("--workspace".to_owned());
+    }
+    command.extend(args);
+    command
 }
 
 fn setup() -> Result<()> {
@@ -136,5 +163,55 @@ mod tests {
     #[test]
     fn the_cli_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_package_selection_replaces_the_workspace() {
+        let cases: &[(&[&str], &[&str])] = &[
+            (&[], &["test", "--workspace"]),
+            (&["policy_"], &["test", "--workspace", "policy_"]),
+            (
+                &["-p", "arcwright-harness"],
+                &["test", "-p", "arcwright-harness"],
+            ),
+            (&["-parcwright"], &["test", "-parcwright"]),
+            (
+                &["--package", "arcwright", "--test", "policy_cli"],
+                &["test", "--package", "arcwright", "--test", "policy_cli"],
+            ),
+            (&["--package=xtask"], &["test", "--package=xtask"]),
+            (
+                &["--workspace", "--exclude", "xtask"],
+                &["test", "--workspace", "--exclude", "xtask"],
+            ),
+            // After `--` the words belong to the test binary: `-p` there is
+            // no package selection.
+            (
+                &["--", "-p", "--nocapture"],
+                &["test", "--workspace", "--", "-p", "--nocapture"],
+            ),
+        ];
+        for (args, expected) in cases {
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            assert_eq!(test_command(args.clone()), *expected, "{args:?}");
+        }
+    }
+
+    /// The package description is what `cargo` and crates listings show:
+    /// it names exactly the commands that exist, no more.
+    #[test]
+    fn the_description_names_exactly_the_commands() {
+        let description = env!("CARGO_PKG_DESCRIPTION");
+        let (_, listed) = description
+            .split_once(": ")
+            .expect("the description lists the commands after a colon");
+        let mut listed: Vec<&str> = listed.split(", ").collect();
+        listed.sort_unstable();
+        let mut commands: Vec<String> = Cli::command()
+            .get_subcommands()
+            .map(|c| c.get_name().to_owned())
+            .collect();
+        commands.sort_unstable();
+        assert_eq!(listed, commands);
     }
 }

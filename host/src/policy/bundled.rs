@@ -1,12 +1,11 @@
-//! The policies compiled into the binary, and the paths of every guest
-//! artifact the build produced.
+//! The policies compiled into the binary.
 //!
 //! `host/build.rs` builds each crate under `policies/` that declares
-//! `[package.metadata.arcwright]` and generates the two tables below. Tests
-//! and benchmarks find guests through [`artifact`] rather than hard-coded
-//! paths, so adding a guest crate is what makes it available to them.
-
-use std::path::Path;
+//! `[package.metadata.arcwright]` with a `builtin` name and generates the
+//! table below. Nothing else is here on purpose: the guests only tests run
+//! (the template, `policy-test-hostile`, ...) are built by the
+//! `arcwright-test-guests` dev-dependency, so the binary carries neither
+//! their bytes nor the paths of the machine that built it.
 
 use super::{PolicyError, PolicyKind};
 
@@ -34,17 +33,6 @@ impl std::fmt::Debug for Builtin {
     }
 }
 
-/// A guest component on disk, by crate name.
-#[derive(Clone, Copy, Debug)]
-pub struct Artifact {
-    /// The kind the crate declares.
-    pub kind: PolicyKind,
-    /// The crate name, e.g. `policy-test-hostile`.
-    pub package: &'static str,
-    /// The absolute path of the built component.
-    pub path: &'static str,
-}
-
 include!(concat!(env!("OUT_DIR"), "/guests.rs"));
 
 /// The bundled policy of `kind` named `name`.
@@ -67,12 +55,4 @@ pub fn find(kind: PolicyKind, name: &str) -> Result<&'static Builtin, PolicyErro
 /// several kinds; callers that know the kind use [`find`]).
 pub fn named(name: &str) -> impl Iterator<Item = &'static Builtin> + '_ {
     BUILTINS.iter().filter(move |b| b.name == name)
-}
-
-/// The built component of guest crate `package`, if the build produced one.
-pub fn artifact(package: &str) -> Option<&'static Path> {
-    ARTIFACTS
-        .iter()
-        .find(|a| a.package == package)
-        .map(|a| Path::new(a.path))
 }

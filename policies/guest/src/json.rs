@@ -22,6 +22,23 @@ pub const MAX_DEPTH: usize = 64;
 
 /// Parses `text` as JSON, refusing nesting deeper than [`MAX_DEPTH`].
 /// `what` names the text in errors ("settings", "the pod template").
+///
+/// Use it (not `serde_json::from_slice`) for anything a policy receives as
+/// JSON text, a state blob included: a deeply nested input then fails the
+/// decision with a message instead of overflowing the stack, which traps.
+///
+/// ```
+/// use arcwright_guest::json;
+///
+/// let state = json::parse("the state", br#"{"since": 1796029200}"#).unwrap();
+/// assert_eq!(state["since"], 1_796_029_200);
+///
+/// let deep = "[".repeat(100) + &"]".repeat(100);
+/// assert_eq!(
+///     json::parse("the state", deep.as_bytes()).unwrap_err(),
+///     "the state is nested more than 64 levels deep"
+/// );
+/// ```
 pub fn parse(what: &str, text: &[u8]) -> Result<Value, String> {
     check_depth(what, text)?;
     serde_json::from_slice(text).map_err(|error| format!("{what} is not valid JSON: {error}"))

@@ -22,15 +22,55 @@
 //!   libc (`wasm32-unknown-unknown`, `wasip1`); on `wasip2` it relies on
 //!   wasi-libc, which a no_std component does not link.
 //!
-//! It also holds what every policy does the same way: parsing JSON within
-//! the small stack ([`json`]), reading settings ([`settings`]), ARC's
-//! scaling formula ([`scaling`]) and the calendar arithmetic of time windows
-//! ([`time`]).
+//! It also holds what every policy does the same way, so that a policy is
+//! its decision and little else:
+//!
+//! | helper | what it is for |
+//! |---|---|
+//! | [`Settings`] | parse the settings text once, refusing unknown keys; typed getters ([`Settings::u32_up_to`], [`Settings::i64_between`], [`Settings::bool`], [`Settings::list`]) whose errors name the key |
+//! | [`settings::whole_number`], [`settings::describe`], [`settings::unknown_key`] | the same messages for nested settings (`windows[0].minRunners`) |
+//! | [`scaling::Demand`] | ARC's formula, `min(minRunners + assignedJobs, maxRunners)`, in 64 bits, with [`Demand::explain`](scaling::Demand::explain) for the `reason` |
+//! | [`time::LocalTime`] | weekday and minute of day from the input's `now-unix-seconds` and a fixed UTC offset |
+//! | [`time::parse_hh_mm`], [`time::format_hh_mm`] | `"08:30"` to minutes since midnight and back |
+//! | [`json::parse`] | JSON text to a [`serde_json::Value`] without overflowing the 32 KiB stack |
+//!
+//! A scaling policy's decision with them, in full:
+//!
+//! ```
+//! use arcwright_guest::Settings;
+//! use arcwright_guest::scaling::Demand;
+//! use arcwright_guest::time::LocalTime;
+//!
+//! /// At least `nightly` runners from 22:00 UTC, otherwise ARC's formula.
+//! fn desired(settings: &str, min: u32, assigned: u32, max: u32, now: i64)
+//!     -> Result<(u32, String), String>
+//! {
+//!     let settings = Settings::parse(settings, &["nightly"])?;
+//!     let nightly = settings.u32_up_to("nightly", 1000)?.unwrap_or(0);
+//!     let at_night = LocalTime::at(now, 0).minute >= 22 * 60;
+//!     let floor = if at_night { min.max(nightly) } else { min };
+//!     let demand = Demand::new(floor, assigned, max);
+//!     Ok((demand.desired, demand.explain()))
+//! }
+//!
+//! // 2026-11-30 was a Monday; 23:00 UTC is night.
+//! let night = 1_796_083_200 - 3600;
+//! assert_eq!(
+//!     desired(r#"{"nightly": 3}"#, 1, 1, 10, night),
+//!     Ok((4, "minRunners 3 + assignedJobs 1 = 4".to_string()))
+//! );
+//! assert_eq!(
+//!     desired(r#"{"nighty": 3}"#, 1, 1, 10, night),
+//!     Err("unknown setting `nighty`: accepted keys are nightly".to_string())
+//! );
+//! ```
 //!
 //! On the host architecture the crate is ordinary `std` Rust with none of
-//! the wasm runtime pieces, so the workspace builds and the pure helpers are
-//! unit-tested natively.
+//! the wasm runtime pieces, so the workspace builds, the pure helpers are
+//! unit-tested natively, and a policy's own `cargo test` runs its logic with
+//! them.
 #![cfg_attr(target_arch = "wasm32", no_std)]
+#![deny(missing_docs)]
 
 extern crate alloc;
 

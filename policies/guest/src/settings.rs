@@ -16,7 +16,36 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use serde_json::{Map, Value};
 
-/// A policy's parsed settings.
+/// A policy's parsed settings: the JSON object an admin wrote beside the
+/// policy reference, with only the keys the policy accepts.
+///
+/// Parse once into your own type, from both `validate_settings` and
+/// `decide`, so settings cannot be valid in one and not in the other:
+///
+/// ```
+/// use arcwright_guest::Settings;
+///
+/// struct Spare { idle: u32, weekends: bool }
+///
+/// fn parse(text: &str) -> Result<Spare, String> {
+///     let settings = Settings::parse(text, &["idle", "weekends"])?;
+///     Ok(Spare {
+///         idle: settings.u32_up_to("idle", 1000)?.unwrap_or(0),
+///         weekends: settings.bool("weekends")?.unwrap_or(true),
+///     })
+/// }
+///
+/// assert_eq!(parse("").map(|s| s.idle), Ok(0)); // no settings: defaults
+/// assert_eq!(parse(r#"{"idle": 2}"#).map(|s| s.idle), Ok(2));
+/// assert_eq!(
+///     parse(r#"{"idle": -1}"#).map(|s| s.idle),
+///     Err("`idle` must be from 0 to 1000, got -1".to_string())
+/// );
+/// assert_eq!(
+///     parse(r#"{"weekend": false}"#).map(|s| s.idle),
+///     Err("unknown setting `weekend`: accepted keys are idle, weekends".to_string())
+/// );
+/// ```
 #[derive(Debug, Default)]
 pub struct Settings {
     map: Map<String, Value>,
@@ -26,7 +55,17 @@ impl Settings {
     /// Parses settings text, accepting only the keys in `accepted`.
     ///
     /// `""` (no settings written) and `"{}"` both mean "all defaults".
-    /// Anything else must be a JSON object.
+    /// Anything else must be a JSON object, nested at most
+    /// [`json::MAX_DEPTH`](crate::json::MAX_DEPTH) levels.
+    ///
+    /// ```
+    /// # use arcwright_guest::Settings;
+    /// assert!(Settings::parse("{}", &["batch"]).is_ok());
+    /// assert_eq!(
+    ///     Settings::parse("[4]", &["batch"]).unwrap_err(),
+    ///     "settings must be an object of keys and values, got a list"
+    /// );
+    /// ```
     pub fn parse(text: &str, accepted: &[&str]) -> Result<Self, String> {
         if text.trim().is_empty() {
             return Ok(Self::default());
@@ -45,23 +84,60 @@ impl Settings {
     }
 
     /// Parses settings for a policy that takes none: only `""` and `"{}"`.
+    ///
+    /// ```
+    /// # use arcwright_guest::Settings;
+    /// assert_eq!(Settings::none("{}"), Ok(()));
+    /// assert_eq!(
+    ///     Settings::none(r#"{"idle": 1}"#),
+    ///     Err("unknown setting `idle`: this policy takes no settings".to_string())
+    /// );
+    /// ```
     pub fn none(text: &str) -> Result<(), String> {
         Self::parse(text, &[]).map(drop)
     }
 
-    /// The raw value of `key`, if it was given (and is not `null`).
+    /// The raw value of `key`, if it was given (and is not `null`), for
+    /// settings the typed getters do not cover (a text, an object).
+    ///
+    /// ```
+    /// # use arcwright_guest::Settings;
+    /// let settings = Settings::parse(r#"{"zone": "ci", "idle": null}"#, &["zone", "idle"]).unwrap();
+    /// assert_eq!(settings.get("zone").and_then(|v| v.as_str()), Some("ci"));
+    /// assert!(settings.get("idle").is_none()); // null is absent
+    /// ```
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.map.get(key).filter(|value| !value.is_null())
     }
 
     /// `key` as a whole number in `0..=max`, or `None` when absent.
+    /// `3.0` is accepted as 3; `2.5`, `"3"` and `-1` are refused with the key
+    /// named.
+    ///
+    /// ```
+    /// # use arcwright_guest::Settings;
+    /// let settings = Settings::parse(r#"{"idle": 3.0, "max": 2.5}"#, &["idle", "max"]).unwrap();
+    /// assert_eq!(settings.u32_up_to("idle", 10), Ok(Some(3)));
+    /// assert_eq!(settings.u32_up_to("spare", 10), Ok(None));
+    /// assert_eq!(
+    ///     settings.u32_up_to("max", 10),
+    ///     Err("`max` must be a whole number from 0 to 10, got 2.5".to_string())
+    /// );
+    /// ```
     pub fn u32_up_to(&self, key: &str, max: u32) -> Result<Option<u32>, String> {
         self.get(key)
             .map(|value| whole_number(key, value, 0, i64::from(max)).map(|n| n as u32))
             .transpose()
     }
 
-    /// `key` as a whole number in `min..=max`, or `None` when absent.
+    /// `key` as a whole number in `min..=max`, or `None` when absent: for
+    /// ranges that do not start at 0 or go below it.
+    ///
+    /// ```
+    /// # use arcwright_guest::Settings;
+    /// let settings = Settings::parse(r#"{"utcOffsetMinutes": -300}"#, &["utcOffsetMinutes"]).unwrap();
+    /// assert_eq!(settings.i64_between("utcOffsetMinutes", -1440, 1440), Ok(Some(-300)));
+    /// ```
     pub fn i64_between(&self, key: &str, min: i64, max: i64) -> Result<Option<i64>, String> {
         self.get(key)
             .map(|value| whole_number(key, value, min, max))
@@ -69,6 +145,15 @@ impl Settings {
     }
 
     /// `key` as `true` or `false`, or `None` when absent.
+    ///
+    /// ```
+    /// # use arcwright_guest::Settings;
+    /// let settings = Settings::parse(r#"{"strict": "yes"}"#, &["strict"]).unwrap();
+    /// assert_eq!(
+    ///     settings.bool("strict"),
+    ///     Err("`strict` must be true or false, got the text \"yes\"".to_string())
+    /// );
+    /// ```
     pub fn bool(&self, key: &str) -> Result<Option<bool>, String> {
         self.get(key)
             .map(|value| {
@@ -79,7 +164,21 @@ impl Settings {
             .transpose()
     }
 
-    /// `key` as a list, or `None` when absent.
+    /// `key` as a list, or `None` when absent. Check each element with
+    /// [`whole_number`] and [`describe`], naming it by its path.
+    ///
+    /// ```
+    /// # use arcwright_guest::Settings;
+    /// # use arcwright_guest::settings::whole_number;
+    /// let settings = Settings::parse(r#"{"sizes": [2, 4, -8]}"#, &["sizes"]).unwrap();
+    /// let sizes = settings.list("sizes").unwrap().unwrap();
+    /// let checked: Result<Vec<i64>, String> = sizes
+    ///     .iter()
+    ///     .enumerate()
+    ///     .map(|(i, v)| whole_number(&format!("sizes[{i}]"), v, 1, 64))
+    ///     .collect();
+    /// assert_eq!(checked, Err("`sizes[2]` must be from 1 to 64, got -8".to_string()));
+    /// ```
     pub fn list(&self, key: &str) -> Result<Option<&Vec<Value>>, String> {
         self.get(key)
             .map(|value| {
@@ -94,6 +193,16 @@ impl Settings {
 /// Checks that `value` is a whole number in `min..=max`, naming `key` in the
 /// error. Used for nested settings too, where `key` is a path such as
 /// `windows[0].minRunners`.
+///
+/// ```
+/// # use arcwright_guest::settings::whole_number;
+/// # use serde_json::json;
+/// assert_eq!(whole_number("windows[0].minRunners", &json!(4), 0, 100), Ok(4));
+/// assert_eq!(
+///     whole_number("windows[0].minRunners", &json!("4"), 0, 100),
+///     Err("`windows[0].minRunners` must be a whole number from 0 to 100, got the text \"4\"".to_string())
+/// );
+/// ```
 pub fn whole_number(key: &str, value: &Value, min: i64, max: i64) -> Result<i64, String> {
     let number = value.as_i64().or_else(|| {
         // 3.0 is a whole number an admin may well write; 3.5 is not.
@@ -116,7 +225,16 @@ pub fn whole_number(key: &str, value: &Value, min: i64, max: i64) -> Result<i64,
     }
 }
 
-/// The message for a key that is not one of `accepted`.
+/// The message for a key that is not one of `accepted`; `what` names the
+/// kind of key (`setting`, `window key`).
+///
+/// ```
+/// # use arcwright_guest::settings::unknown_key;
+/// assert_eq!(
+///     unknown_key("window key", "form", &["days", "from", "to"]),
+///     "unknown window key `form`: accepted keys are days, from, to"
+/// );
+/// ```
 pub fn unknown_key(what: &str, key: &str, accepted: &[&str]) -> String {
     let key = shorten(key);
     if accepted.is_empty() {
@@ -132,6 +250,12 @@ pub fn unknown_key(what: &str, key: &str, accepted: &[&str]) -> String {
 /// `text` cut to at most 64 bytes on a character boundary, with `…` when
 /// cut. Messages echo what the admin wrote, and the host refuses messages
 /// over 4 KiB; a pasted blob must not turn a clear error into that one.
+///
+/// ```
+/// # use arcwright_guest::settings::shorten;
+/// assert_eq!(shorten("mon"), "mon");
+/// assert_eq!(shorten(&"x".repeat(100)), format!("{}…", "x".repeat(64)));
+/// ```
 pub fn shorten(text: &str) -> String {
     const MAX: usize = 64;
     if text.len() <= MAX {
@@ -146,6 +270,13 @@ pub fn shorten(text: &str) -> String {
 
 /// A short description of a JSON value for error messages: its type, and
 /// the value itself when that is short.
+///
+/// ```
+/// # use arcwright_guest::settings::describe;
+/// # use serde_json::json;
+/// assert_eq!(describe(&json!("mon")), "the text \"mon\"");
+/// assert_eq!(describe(&json!({"a": 1})), "an object");
+/// ```
 pub fn describe(value: &Value) -> String {
     match value {
         Value::Null => "null".to_string(),

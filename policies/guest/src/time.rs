@@ -6,6 +6,22 @@
 //! hundreds of kilobytes in every component), so local time is UTC plus a
 //! fixed offset the admin configures; daylight saving time means changing
 //! the offset, which is a settings change and takes effect at once.
+//!
+//! ```
+//! use arcwright_guest::time::{LocalTime, Weekday, parse_hh_mm};
+//!
+//! // Is `now` inside a Monday-to-Friday 08:00-18:00 window in UTC-5?
+//! fn in_office_hours(now_unix_seconds: i64) -> Result<bool, String> {
+//!     let (from, to) = (parse_hh_mm("08:00", false)?, parse_hh_mm("18:00", true)?);
+//!     let local = LocalTime::at(now_unix_seconds, -300);
+//!     Ok(local.weekday <= Weekday::Fri && (from..to).contains(&local.minute))
+//! }
+//!
+//! // 2026-11-30T14:00:00Z is Monday 09:00 in UTC-5.
+//! assert_eq!(in_office_hours(1_796_047_200), Ok(true));
+//! // 2026-11-30T04:00:00Z is still Sunday 23:00 there.
+//! assert_eq!(in_office_hours(1_796_011_200), Ok(false));
+//! ```
 
 use alloc::format;
 use alloc::string::String;
@@ -72,10 +88,20 @@ pub struct LocalTime {
 }
 
 impl LocalTime {
-    /// Local time at `unix_seconds` for a zone `offset_minutes` east of UTC.
+    /// Local time at `unix_seconds` (the input's `now_unix_seconds`) for a
+    /// zone `offset_minutes` east of UTC (negative west of it).
     ///
     /// Works for any `i64`, including instants before 1970: the arithmetic
     /// is Euclidean, so a negative remainder never yields a minute of -5.
+    ///
+    /// ```
+    /// # use arcwright_guest::time::{LocalTime, Weekday};
+    /// // The Unix epoch was a Thursday; in UTC+1 it was 01:00.
+    /// assert_eq!(
+    ///     LocalTime::at(0, 60),
+    ///     LocalTime { weekday: Weekday::Thu, minute: 60 }
+    /// );
+    /// ```
     pub fn at(unix_seconds: i64, offset_minutes: i32) -> Self {
         let local = i128::from(unix_seconds) + i128::from(offset_minutes) * 60;
         let days = local.div_euclid(86_400);
@@ -93,7 +119,17 @@ impl LocalTime {
 ///
 /// `24:00` is accepted (as 1440) only when `allow_end_of_day`, so a window
 /// can say "until midnight" without the reader having to know that
-/// `00:00` as an end means the same.
+/// `00:00` as an end means the same. The error says how to write it.
+///
+/// ```
+/// # use arcwright_guest::time::parse_hh_mm;
+/// assert_eq!(parse_hh_mm("08:30", false), Ok(510));
+/// assert_eq!(parse_hh_mm("24:00", true), Ok(1440));
+/// assert_eq!(
+///     parse_hh_mm("8:30", false),
+///     Err("\"8:30\" is not a time of day; write it as HH:MM, e.g. \"08:30\"".to_string())
+/// );
+/// ```
 pub fn parse_hh_mm(text: &str, allow_end_of_day: bool) -> Result<u32, String> {
     let invalid = || format!("{text:?} is not a time of day; write it as HH:MM, e.g. \"08:30\"");
     let (hours, minutes) = text.split_once(':').ok_or_else(invalid)?;
@@ -112,7 +148,12 @@ pub fn parse_hh_mm(text: &str, allow_end_of_day: bool) -> Result<u32, String> {
     Ok(hours * 60 + minutes)
 }
 
-/// Formats minutes since midnight as `HH:MM`.
+/// Formats minutes since midnight as `HH:MM`, for reasons and messages.
+///
+/// ```
+/// # use arcwright_guest::time::format_hh_mm;
+/// assert_eq!(format_hh_mm(510), "08:30");
+/// ```
 pub fn format_hh_mm(minute: u32) -> String {
     format!("{:02}:{:02}", minute / 60, minute % 60)
 }

@@ -7,7 +7,8 @@
 //! makes this exactly ARC's formula).
 //!
 //! To write your own policy, copy this directory, rename the package in
-//! `Cargo.toml`, and change `decide` and `Batch::parse`. Everything the
+//! `Cargo.toml`, and change `decide` and `Batch::parse`, and the cases of
+//! `tests/policy.yaml` with them (as copied, they pass). Everything the
 //! policy may look at is in its input: there is no clock, filesystem or
 //! network, and the only thing it can ask of the controller is a log line.
 //! The walk-through is the "Writing a policy" section of the README.

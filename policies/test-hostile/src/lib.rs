@@ -10,7 +10,7 @@
 //! | `huge-output` | returns a 4 MiB reason | refuse output over its caps |
 //! | `huge-state` | returns a 1 MiB state blob | refuse state over 64 KiB |
 //! | `bad-desired` | returns `desired = u32::MAX` | clamp to maxRunners |
-//! | `log-flood` | logs 100 000 lines, then answers normally | truncate and rate-limit |
+//! | `log-flood` | logs 10 000 lines (the first 8 KiB long), then answers normally | truncate and rate-limit |
 //! | `error` | returns `Err` | fall back, report the message |
 //!
 //! Without settings it answers with ARC's formula, so the same component
@@ -74,7 +74,12 @@ impl Guest for Policy {
             "huge-state" => decision.state = Some(vec![b's'; 1 << 20]),
             "bad-desired" => decision.desired = u32::MAX,
             "log-flood" => {
-                for line in 0..100_000 {
+                // The first line is 8 KiB, far over the host's line limit.
+                log(
+                    LogLevel::Warn,
+                    &format!("flood line 0 {}", "x".repeat(8 << 10)),
+                );
+                for line in 1..10_000 {
                     log(LogLevel::Warn, &format!("flood line {line}"));
                 }
             }
