@@ -312,7 +312,8 @@ fn readme_commands() -> Vec<String> {
 /// builds (the template's component), its suites (the template's) and an
 /// input.
 fn lay_out_files_for(command: &str, dir: &std::path::Path) {
-    let template = bundled::artifact("policy-template").expect("the template guest is built");
+    let template =
+        arcwright_test_guests::path("policy-template").expect("the template guest is built");
     let suites =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/template/tests");
     for token in command.split_whitespace() {
