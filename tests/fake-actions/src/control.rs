@@ -6,7 +6,9 @@
 //! | `POST /_fake/jobs` | a [`JobSpec`] → `{"ids": [...]}` |
 //! | `GET /_fake/jobs` | `[JobSnapshot]` |
 //! | `GET /_fake/runners` | `[RunnerSnapshot]` |
-//! | `GET /_fake/scale-sets` | `[ScaleSetSnapshot]` |
+//! | `GET /_fake/scale-sets` | `[ScaleSetSnapshot]` (with each set's last `max_capacity`) |
+//! | `GET /_fake/settings` | the [`RuntimeSettings`]: `{"assignment_timeout_ms": n}` |
+//! | `PATCH /_fake/settings` | a [`SettingsPatch`] (e.g. `{"assignment_timeout_ms": 200}`) → the new [`RuntimeSettings`]; an unknown key is a 400 |
 //! | `POST /_fake/tokens/{admin,queue,github}/expire` | 204 |
 //! | `POST /_fake/sessions/{scaleSetId}/drop` | 204, or 404 when it had none |
 //! | `POST /_fake/faults` | a [`Fault`] → 204; `DELETE /_fake/faults` clears them |
@@ -27,7 +29,8 @@ use serde_json::{Value, json};
 
 use crate::error::ServiceError;
 use crate::model::{
-    Counters, Fault, JobSnapshot, JobSpec, Ledger, RunnerSnapshot, ScaleSetSnapshot,
+    Counters, Fault, JobSnapshot, JobSpec, Ledger, RunnerSnapshot, RuntimeSettings,
+    ScaleSetSnapshot, SettingsPatch,
 };
 use crate::server::Shared;
 
@@ -79,6 +82,29 @@ impl Control {
     /// loses a listener; returns whether there was one.
     pub fn drop_session(&self, scale_set_id: u64) -> bool {
         self.shared.write(|s| s.drop_session(scale_set_id))
+    }
+
+    /// The settings a test may change while the fake runs.
+    pub fn settings(&self) -> RuntimeSettings {
+        self.shared.read(|s| s.runtime_settings())
+    }
+
+    /// Changes the settings named in `patch` and returns them all. A new
+    /// assignment timeout applies at once, to jobs already waiting too.
+    pub fn update_settings(&self, patch: SettingsPatch) -> RuntimeSettings {
+        self.shared.write(|s| {
+            let settings = patch.apply(s.runtime_settings());
+            s.set_runtime_settings(settings);
+            settings
+        })
+    }
+
+    /// Sets how long a job assigned to a scale set waits for a runner
+    /// before the service cancels it and offers it again.
+    pub fn set_assignment_timeout(&self, timeout: Duration) {
+        self.update_settings(SettingsPatch {
+            assignment_timeout_ms: Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
+        });
     }
 
     /// Arms a fault. Faults on one endpoint apply in the order armed.
@@ -181,6 +207,7 @@ pub(crate) fn router() -> Router<Arc<Shared>> {
         .route("/_fake/jobs", post(enqueue).get(jobs))
         .route("/_fake/runners", get(runners))
         .route("/_fake/scale-sets", get(scale_sets))
+        .route("/_fake/settings", get(settings).patch(update_settings))
         .route("/_fake/tokens/{kind}/expire", post(expire))
         .route("/_fake/sessions/{scale_set}/drop", post(drop_session))
         .route("/_fake/faults", post(inject).delete(clear_faults))
@@ -214,6 +241,15 @@ async fn runners(Ext(shared): C) -> Response {
 
 async fn scale_sets(Ext(shared): C) -> Response {
     axum::Json(control(shared).scale_sets()).into_response()
+}
+
+async fn settings(Ext(shared): C) -> Response {
+    axum::Json(control(shared).settings()).into_response()
+}
+
+async fn update_settings(Ext(shared): C, body: Bytes) -> Result<Response, ServiceError> {
+    let patch: SettingsPatch = parse(&body)?;
+    Ok(axum::Json(control(shared).update_settings(patch)).into_response())
 }
 
 async fn expire(Ext(shared): C, Path(kind): Path<String>) -> Result<Response, ServiceError> {

@@ -23,6 +23,13 @@
 //!   checked on every call (401 when expired or invalid); `api-version` is
 //!   accepted and ignored.
 //! * The message queue under `/broker/{session}/messages`, with its own token.
+//!   The `X-ScaleSetMaxCapacity` header of each poll bounds how many jobs
+//!   the service assigns to the scale set at once (no header: unbounded).
+//!   Acquired jobs are assigned to the set with a `JobAssigned` that carries
+//!   the new `totalAssignedJobs`, so a listener scaling on statistics alone
+//!   sees them; a job no runner of the set takes within
+//!   [`FakeConfig::assignment_timeout`] is cancelled and offered again, up to
+//!   [`MAX_REQUEUES`] times (the rules are in the `state` module).
 //! * The runner side under `/_runner/...`: what a runner does with its JIT
 //!   config (connect, take its job, complete it, or vanish). The runner
 //!   simulator plays it; tests may too.
@@ -56,7 +63,8 @@ pub use error::{ServiceError, StartError};
 pub use jit::{JitConfig, JitConfigError};
 pub use model::{
     Counters, EndpointCount, Fault, FaultKind, JobOutcome, JobPhase, JobSnapshot, JobSpec, Ledger,
-    MAX_REQUEUES, RunnerSnapshot, ScaleSetSnapshot, VanishedJobPolicy,
+    MAX_REQUEUES, RunnerSnapshot, RuntimeSettings, ScaleSetSnapshot, SettingsPatch,
+    VanishedJobPolicy,
 };
 pub use state::{RunnerJob, Statistics};
 
@@ -100,6 +108,15 @@ pub struct FakeConfig {
     pub utf8_bom: bool,
     /// What happens to a job whose runner vanished.
     pub vanished_jobs: VanishedJobPolicy,
+    /// How long a job assigned to a scale set waits for a runner of the set
+    /// to take it before the service cancels it and offers it again (see
+    /// [`RuntimeSettings`]; changeable while running). The real service's
+    /// figure is not published, and it grows the wait on each requeue; the
+    /// fake keeps one figure so a test's timing is predictable. A minute is
+    /// long enough for any runner a test starts to come online, and short
+    /// enough that a listener which never scales sees its jobs come back;
+    /// tests of the timeout itself set it to a fraction of a second.
+    pub assignment_timeout: Duration,
     /// At most this many job messages per queue message (the service's 50).
     pub max_batch: usize,
     /// Runner groups besides `Default` (id 1), given ids 2, 3, ... in order.
@@ -124,6 +141,7 @@ impl Default for FakeConfig {
             app_public_key_pem: TEST_APP_PUBLIC_KEY.to_owned(),
             utf8_bom: false,
             vanished_jobs: VanishedJobPolicy::Requeue,
+            assignment_timeout: Duration::from_secs(60),
             max_batch: 50,
             extra_runner_groups: Vec::new(),
         }
@@ -140,6 +158,7 @@ impl std::fmt::Debug for FakeConfig {
             .field("app", &self.app)
             .field("utf8_bom", &self.utf8_bom)
             .field("vanished_jobs", &self.vanished_jobs)
+            .field("assignment_timeout", &self.assignment_timeout)
             .field("max_batch", &self.max_batch)
             .finish_non_exhaustive()
     }
@@ -204,6 +223,9 @@ impl FakeActions {
             vanished_jobs: config.vanished_jobs,
             max_batch: config.max_batch,
             extra_runner_groups: config.extra_runner_groups.clone(),
+            runtime: RuntimeSettings {
+                assignment_timeout: config.assignment_timeout,
+            },
         });
         let settings = server::Settings {
             long_poll: config.long_poll,
@@ -220,7 +242,13 @@ impl FakeActions {
         let shared = Arc::new(server::Shared::new(state, keys, settings));
         let router = server::router(shared.clone());
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(server::serve(listener, router, shutdown.clone()));
+        let task = tokio::spawn({
+            let serving = server::serve(listener, router, shutdown.clone());
+            let expiring = server::expire_unclaimed_jobs(shared.clone(), shutdown.clone());
+            async move {
+                tokio::join!(serving, expiring);
+            }
+        });
         tracing::info!(%url, "fake Actions service listening");
         Ok(FakeActions {
             url,

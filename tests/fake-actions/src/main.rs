@@ -26,6 +26,15 @@ struct Args {
     /// Prefix Actions-service JSON bodies with a UTF-8 byte order mark.
     #[arg(long)]
     utf8_bom: bool,
+    /// Seconds a job assigned to a scale set waits for a runner of the set
+    /// before the service cancels it and offers it again (also changeable at
+    /// run time: PATCH /_fake/settings {"assignment_timeout_ms": N}).
+    #[arg(
+        long,
+        env = "FAKE_ACTIONS_ASSIGNMENT_TIMEOUT_SECONDS",
+        default_value_t = 60
+    )]
+    assignment_timeout_seconds: u64,
     /// Cancel, rather than requeue, jobs whose runner vanished.
     #[arg(long)]
     cancel_vanished_jobs: bool,
@@ -47,6 +56,7 @@ async fn main() -> anyhow::Result<()> {
         long_poll_seconds,
         admin_token_seconds,
         utf8_bom,
+        assignment_timeout_seconds,
         cancel_vanished_jobs,
         runner_groups,
     } = Args::parse();
@@ -55,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
         long_poll: Duration::from_secs(long_poll_seconds),
         admin_token_lifetime: Duration::from_secs(admin_token_seconds),
         utf8_bom,
+        assignment_timeout: Duration::from_secs(assignment_timeout_seconds),
         vanished_jobs: if cancel_vanished_jobs {
             VanishedJobPolicy::Cancel
         } else {

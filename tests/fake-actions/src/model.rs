@@ -104,9 +104,45 @@ pub enum VanishedJobPolicy {
     Cancel,
 }
 
-/// How often the service requeues one job whose runners keep vanishing
-/// before it gives up (the scaleset README's "up to 3 times").
+/// How often the service offers one job again after cancelling it, before it
+/// gives up and leaves it cancelled (the scaleset README's "up to 3 times").
+///
+/// One budget per job, whatever the cancellations were for: a runner that
+/// vanished with the job, or no runner of the scale set taking it within the
+/// assignment timeout.
 pub const MAX_REQUEUES: u32 = 3;
+
+/// The service behaviour a test may change while the fake runs, through
+/// [`Control::settings`](crate::Control::settings) or `PATCH /_fake/settings`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuntimeSettings {
+    /// How long a job assigned to a scale set (`JobAssigned`) waits for a
+    /// runner of the set to take it before the service cancels it
+    /// (`JobCompleted` with `canceled`) and offers it again, up to
+    /// [`MAX_REQUEUES`] times.
+    #[serde(rename = "assignment_timeout_ms", with = "millis")]
+    pub assignment_timeout: Duration,
+}
+
+/// A change to [`RuntimeSettings`]: absent fields are left alone, unknown
+/// ones are refused so that a misspelt knob is an error rather than a no-op.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SettingsPatch {
+    /// A new [`RuntimeSettings::assignment_timeout`], in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignment_timeout_ms: Option<u64>,
+}
+
+impl SettingsPatch {
+    /// `settings` with this patch applied.
+    pub fn apply(self, mut settings: RuntimeSettings) -> RuntimeSettings {
+        if let Some(ms) = self.assignment_timeout_ms {
+            settings.assignment_timeout = Duration::from_millis(ms);
+        }
+        settings
+    }
+}
 
 /// A misbehaviour to inject into the next `times` calls of one endpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -183,8 +219,14 @@ impl FaultKind {
 /// Invariants the fake keeps (and its tests check under concurrency):
 /// `runners_created == runners_removed + still_registered`, where
 /// `runners_removed == removed_by_api + self_deregistered + removed_with_scale_set`;
-/// and `jobs_enqueued == jobs_succeeded + jobs_failed + jobs_cancelled + jobs_unfinished`.
+/// `jobs_enqueued == jobs_succeeded + jobs_failed + jobs_cancelled + jobs_unfinished`;
+/// and every cancellation by the service is either requeued or final:
+/// `jobs_cancelled_runner_vanished + jobs_cancelled_unclaimed == jobs_requeued +`
+/// (the part of `jobs_cancelled` that was not the job's own outcome).
+///
+/// Fields added later default to zero when an older ledger is read.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Ledger {
     /// Runner registrations created by `generatejitconfig`.
     pub runners_created: u64,
@@ -210,7 +252,8 @@ pub struct Ledger {
     pub jobs_succeeded: u64,
     /// Jobs whose runner completed them with the `failed` result.
     pub jobs_failed: u64,
-    /// Jobs that ended cancelled: by their spec, or for good after their runner vanished.
+    /// Jobs that ended cancelled: by their spec, or for good after the
+    /// service cancelled them more often than it requeues a job.
     pub jobs_cancelled: u64,
     /// Jobs not finished yet, in any state.
     pub jobs_unfinished: u64,
@@ -218,7 +261,12 @@ pub struct Ledger {
     /// pod was killed mid-job, or its registration was removed while the job
     /// was assigned but not started. This is the race seed 001 is about.
     pub jobs_cancelled_runner_vanished: u64,
-    /// Times such a job was offered again instead of cancelled for good.
+    /// Times a job assigned to a scale set was cancelled because no runner
+    /// of the set took it within the assignment timeout: the listener did
+    /// not scale up for it, or its runners never came online.
+    pub jobs_cancelled_unclaimed: u64,
+    /// Times a cancelled job (runner vanished, or unclaimed) was offered
+    /// again instead of cancelled for good.
     pub jobs_requeued: u64,
 }
 
@@ -262,9 +310,15 @@ pub enum JobPhase {
     Queued,
     /// Offered to a scale set (`JobAvailable`), not acquired.
     Available,
-    /// Acquired by the scale set's listener, waiting for an idle online runner.
+    /// Acquired by the scale set's listener, held back by the service because
+    /// the set already has as many jobs as its listener's last
+    /// `X-ScaleSetMaxCapacity` allows; assigned to the set when one ends.
+    Held,
+    /// Acquired and assigned to the scale set (`JobAssigned` sent), waiting
+    /// for an online idle runner of the set; cancelled and offered again if
+    /// none takes it within the assignment timeout.
     Acquired,
-    /// Assigned to a runner that has not started it.
+    /// Handed to a runner of the set (it came online) that has not started it.
     Assigned,
     /// Being run by its runner.
     Running,
@@ -319,6 +373,11 @@ pub struct ScaleSetSnapshot {
     pub labels: Vec<String>,
     /// Whether a listener holds its message session.
     pub session_active: bool,
+    /// The `X-ScaleSetMaxCapacity` of the listener's last message poll: at
+    /// most this many jobs are assigned to the set at once. `None` until a
+    /// poll carries the header, and then unbounded.
+    #[serde(default)]
+    pub max_capacity: Option<u64>,
     /// The statistics a listener would get now.
     pub statistics: crate::state::Statistics,
 }
@@ -351,6 +410,29 @@ mod tests {
         assert_eq!(spec.outcome, JobOutcome::Succeeded);
         let back = serde_json::to_value(&spec).unwrap();
         assert_eq!(back["duration_ms"], 250);
+    }
+
+    #[test]
+    fn a_settings_patch_changes_what_it_names_and_refuses_misspellings() {
+        let settings = RuntimeSettings {
+            assignment_timeout: Duration::from_secs(60),
+        };
+        let patch: SettingsPatch =
+            serde_json::from_str(r#"{"assignment_timeout_ms":250}"#).unwrap();
+        assert_eq!(
+            patch.apply(settings).assignment_timeout,
+            Duration::from_millis(250)
+        );
+        let empty: SettingsPatch = serde_json::from_str("{}").unwrap();
+        assert_eq!(empty.apply(settings), settings);
+        let error = serde_json::from_str::<SettingsPatch>(r#"{"assignment_timeout":250}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("assignment_timeout"), "{error}");
+        assert_eq!(
+            serde_json::to_value(settings).unwrap(),
+            serde_json::json!({"assignment_timeout_ms": 60_000})
+        );
     }
 
     #[test]

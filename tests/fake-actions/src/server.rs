@@ -540,13 +540,15 @@ async fn get_message(
     Query(q): Q,
     headers: HeaderMap,
 ) -> Result<Response, ServiceError> {
-    queue_caller(&shared, &headers, Some(&session))?;
+    let scale_set = queue_caller(&shared, &headers, Some(&session))?;
     let last_id = match q.get("lastMessageId") {
         Some(v) => v.parse::<u64>().map_err(|_| {
             ServiceError::BadRequest(format!("lastMessageId {v:?} is not a number"))
         })?,
         None => 0,
     };
+    let capacity = max_capacity(&headers)?;
+    shared.write_when(|s| s.set_max_capacity(scale_set, capacity), |c| *c);
     let found = shared
         .long_poll(shared.settings.long_poll, |shared| {
             // Re-checked on every wake-up: a session dropped or a token
@@ -559,6 +561,26 @@ async fn get_message(
         Some(message) => ok(message),
         None => StatusCode::ACCEPTED.into_response(),
     })
+}
+
+/// The header a listener tells the service its scale set's capacity with.
+const MAX_CAPACITY_HEADER: &str = "X-ScaleSetMaxCapacity";
+
+/// The poll's `X-ScaleSetMaxCapacity`, if it sent one.
+fn max_capacity(headers: &HeaderMap) -> Result<Option<u64>, ServiceError> {
+    let Some(value) = headers.get(MAX_CAPACITY_HEADER) else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            ServiceError::BadRequest(format!(
+                "{MAX_CAPACITY_HEADER} {value:?} is not a non-negative whole number"
+            ))
+        })
 }
 
 async fn delete_message(
@@ -649,6 +671,34 @@ fn rfc3339(unix: i64) -> String {
     jiff::Timestamp::from_second(unix)
         .map(|t| t.to_string())
         .unwrap_or_default()
+}
+
+// ----- the service's own clock -------------------------------------------------------
+
+/// Cancels jobs that no runner took within the assignment timeout, for as
+/// long as the fake serves.
+///
+/// It sleeps until the earliest deadline the state reports, or until the
+/// state changes (a job assigned, the timeout changed), whichever comes
+/// first, so a timeout fires on time without polling.
+pub(crate) async fn expire_unclaimed_jobs(shared: Arc<Shared>, shutdown: CancellationToken) {
+    loop {
+        let mut changes = shared.subscribe();
+        let now = jiff::Timestamp::now();
+        let expiry = shared.write_when(|s| s.expire_unclaimed(now), |e| e.cancelled > 0);
+        let wait = expiry.next_deadline.map(|deadline| {
+            Duration::try_from(deadline.duration_since(now)).unwrap_or(Duration::ZERO)
+        });
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            () = tokio::time::sleep(wait.unwrap_or(Duration::ZERO)), if wait.is_some() => {}
+        }
+    }
 }
 
 // ----- serving -----------------------------------------------------------------------

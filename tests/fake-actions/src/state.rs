@@ -8,17 +8,35 @@
 //!
 //! The job life cycle, as the service runs it for ephemeral runners:
 //! enqueued -> `JobAvailable` to the first matching scale set -> acquired by
-//! that set's listener -> assigned (`JobAssigned`) to an online idle runner
-//! of the set -> started (`JobStarted`) when that runner asks for work ->
-//! completed (`JobCompleted`) when the runner reports it, at which point the
-//! ephemeral runner deregisters itself. A runner that vanishes, or whose
-//! registration is removed, while it holds a job that has not finished
-//! cancels that job (`JobCompleted` with `canceled`), and the job is offered
-//! again or given up per [`VanishedJobPolicy`].
+//! that set's listener -> assigned to the scale set (`JobAssigned`, carrying
+//! statistics that now count it), as soon as the set has fewer jobs than the
+//! listener's `X-ScaleSetMaxCapacity` -> handed to a runner of the set when
+//! one comes online idle -> started (`JobStarted`) when that runner asks for
+//! work -> completed (`JobCompleted`) when the runner reports it, at which
+//! point the ephemeral runner deregisters itself.
+//!
+//! `JobAssigned` is sent when the job is assigned to the set, not to a
+//! runner, because that is what lets a listener that scales only on
+//! `totalAssignedJobs` scale from zero: with no runner yet, nothing else
+//! would carry the new figure to its next long poll.
+//!
+//! The service takes jobs back in two cases, each a `JobCompleted` with
+//! `canceled` followed by a new `JobAvailable`, up to [`MAX_REQUEUES`] times
+//! per job, after which the job stays cancelled:
+//! * no runner of the set takes a job assigned to it within the assignment
+//!   timeout (the listener did not scale, or its runners never came online);
+//! * a runner vanishes, or its registration is removed, while it holds a job
+//!   that has not finished (requeued only under [`VanishedJobPolicy::Requeue`]).
+//!
+//! Job messages carry the times clients compute durations from:
+//! `scaleSetAssignTime` from `JobAssigned` on, `runnerAssignTime` once a
+//! runner was handed the job, `finishTime` on `JobCompleted`; each is set
+//! no earlier than the one before it, so the durations are never negative.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
+use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -28,24 +46,27 @@ use crate::error::ServiceError;
 use crate::jit::JitConfig;
 use crate::model::{
     Counters, Fault, FaultKind, JobOutcome, JobPhase, JobSnapshot, JobSpec, Ledger, MAX_REQUEUES,
-    RunnerSnapshot, ScaleSetSnapshot, VanishedJobPolicy,
+    RunnerSnapshot, RuntimeSettings, ScaleSetSnapshot, VanishedJobPolicy,
 };
 
 /// The job and runner counts a listener scales on, as the service reports
 /// them on every message and on the session.
 ///
-/// `totalAssignedJobs` counts every job the scale set has acquired and not
-/// finished (waiting for a runner, assigned, or running): that is the figure
-/// ARC's formula `min(minRunners + assigned, max)` needs, because a running
-/// job still occupies a runner.
+/// `totalAssignedJobs` counts every job assigned to the scale set and not
+/// finished (waiting for a runner, handed to one, or running): that is the
+/// figure ARC's formula `min(minRunners + assigned, max)` needs, because a
+/// running job still occupies a runner. It never exceeds the listener's
+/// `X-ScaleSetMaxCapacity`; jobs acquired beyond it count only as acquired.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Statistics {
     /// Offered to the scale set, not acquired.
     pub total_available_jobs: u64,
-    /// Acquired, not yet assigned to a runner.
+    /// Acquired, not yet handed to a runner (held back for capacity, or
+    /// assigned to the set and waiting for a runner).
     pub total_acquired_jobs: u64,
-    /// Acquired and not finished: waiting, assigned or running.
+    /// Assigned to the scale set and not finished: waiting for a runner,
+    /// handed to one, or running.
     pub total_assigned_jobs: u64,
     /// Being run.
     pub total_running_jobs: u64,
@@ -68,6 +89,8 @@ pub(crate) struct StateSettings {
     pub max_batch: usize,
     /// Runner groups besides `Default` (id 1).
     pub extra_runner_groups: Vec<String>,
+    /// What tests may change while the fake runs.
+    pub runtime: RuntimeSettings,
 }
 
 /// A runner group; id 1 is the default group.
@@ -106,6 +129,9 @@ struct ScaleSet {
     runner_setting: Value,
     created_on: String,
     session: Option<String>,
+    /// The `X-ScaleSetMaxCapacity` of the last message poll; `None` is
+    /// unbounded (no poll yet, or a client that does not send it).
+    max_capacity: Option<u64>,
     /// Job messages not yet batched into a queue message.
     pending: VecDeque<Value>,
     /// Queue messages delivered or deliverable and not deleted, by id.
@@ -155,6 +181,89 @@ struct Job {
     runner: Option<u64>,
     result: Option<&'static str>,
     requeues: u32,
+    /// When it was last assigned to its scale set (`JobAssigned`).
+    scale_set_assigned: Option<Timestamp>,
+    /// When it was last handed to a runner.
+    runner_assigned: Option<Timestamp>,
+}
+
+impl Job {
+    /// Whether it occupies a place of its scale set's capacity: assigned to
+    /// the set and not finished.
+    fn holds_capacity(&self) -> bool {
+        matches!(
+            self.phase,
+            JobPhase::Acquired | JobPhase::Assigned | JobPhase::Running
+        )
+    }
+
+    /// Back to being offered, as if never acquired.
+    fn reoffer(&mut self) {
+        self.phase = JobPhase::Available;
+        self.runner = None;
+        self.scale_set_assigned = None;
+        self.runner_assigned = None;
+    }
+
+    /// The time fields of its messages: `scaleSetAssignTime` and
+    /// `runnerAssignTime` once set, and `finishTime` (`finished`, never
+    /// before the other two) for `JobCompleted`.
+    fn times(&self, finished: Option<Timestamp>) -> Value {
+        let mut times = serde_json::Map::new();
+        if let Some(t) = self.scale_set_assigned {
+            times.insert("scaleSetAssignTime".into(), json!(t.to_string()));
+        }
+        if let Some(t) = self.runner_assigned {
+            times.insert("runnerAssignTime".into(), json!(t.to_string()));
+        }
+        if let Some(t) = finished {
+            let earliest = self.runner_assigned.or(self.scale_set_assigned);
+            let t = earliest.map_or(t, |e| e.max(t));
+            times.insert("finishTime".into(), json!(t.to_string()));
+        }
+        Value::Object(times)
+    }
+}
+
+/// Why the service cancelled a job it had assigned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cancellation {
+    /// Its runner vanished or was removed before finishing it.
+    RunnerVanished,
+    /// No runner of its scale set took it within the assignment timeout.
+    Unclaimed,
+}
+
+/// How many of `held` jobs a scale set with `in_set` jobs assigned may take
+/// now, given its listener's last `X-ScaleSetMaxCapacity`.
+///
+/// A capacity lowered below what the set already has assigns nothing and
+/// takes nothing back: the service does not unassign jobs, it only stops
+/// adding to them.
+fn assignable(capacity: Option<u64>, in_set: u64, held: u64) -> u64 {
+    match capacity {
+        None => held,
+        Some(capacity) => held.min(capacity.saturating_sub(in_set)),
+    }
+}
+
+/// Whether a job cancelled for `why`, already requeued `requeues` times, is
+/// offered again (rather than left cancelled).
+fn requeued(why: Cancellation, policy: VanishedJobPolicy, requeues: u32) -> bool {
+    let allowed = match why {
+        Cancellation::RunnerVanished => policy == VanishedJobPolicy::Requeue,
+        Cancellation::Unclaimed => true,
+    };
+    allowed && requeues < MAX_REQUEUES
+}
+
+/// What [`State::expire_unclaimed`] did, and when it needs to run again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Expiry {
+    /// Jobs cancelled now.
+    pub cancelled: usize,
+    /// When the next job assigned to a set and still waiting times out.
+    pub next_deadline: Option<Timestamp>,
 }
 
 /// A job handed to the runner that starts it.
@@ -201,11 +310,11 @@ pub(crate) struct State {
 }
 
 fn now_rfc3339() -> String {
-    jiff::Timestamp::now().to_string()
+    Timestamp::now().to_string()
 }
 
 fn now_secs() -> i64 {
-    jiff::Timestamp::now().as_second()
+    Timestamp::now().as_second()
 }
 
 impl State {
@@ -411,6 +520,7 @@ impl State {
         {
             match job.phase {
                 JobPhase::Available => stats.total_available_jobs += 1,
+                JobPhase::Held => stats.total_acquired_jobs += 1,
                 JobPhase::Acquired => {
                     stats.total_acquired_jobs += 1;
                     stats.total_assigned_jobs += 1;
@@ -501,6 +611,7 @@ impl State {
             runner_setting: request.runner_setting.unwrap_or_else(|| json!({})),
             created_on: now_rfc3339(),
             session: None,
+            max_capacity: None,
             pending: VecDeque::new(),
             messages: BTreeMap::new(),
         };
@@ -575,6 +686,7 @@ impl State {
         }
         for job in self.jobs.values_mut() {
             if job.scale_set == Some(id) && job.phase != JobPhase::Finished {
+                job.reoffer();
                 job.phase = JobPhase::Queued;
                 job.scale_set = None;
             }
@@ -673,6 +785,11 @@ impl State {
             self.ledger.remove_calls_refused_job_running += 1;
             return Err(ServiceError::JobStillRunning { id, job });
         }
+        // Offline first: cancelling its job frees a place in the scale set,
+        // and the job assigned to that place must not go to this runner.
+        if let Some(runner) = self.runners.get_mut(&id) {
+            runner.online = false;
+        }
         self.drop_job_of(id);
         self.runners.remove(&id);
         self.ledger.runners_removed += 1;
@@ -737,11 +854,10 @@ impl State {
         if job.phase == JobPhase::Assigned {
             job.phase = JobPhase::Running;
             let scale_set = job.scale_set;
-            let item = self.job_message(
-                job_id,
-                "JobStarted",
-                json!({"runnerId": id, "runnerName": runner_name}),
-            );
+            let mut extra = job.times(None);
+            extra["runnerId"] = json!(id);
+            extra["runnerName"] = json!(runner_name);
+            let item = self.job_message(job_id, "JobStarted", extra);
             if let Some(set) = scale_set {
                 self.post(set, item);
             }
@@ -759,7 +875,7 @@ impl State {
             .filter(|j| self.jobs.get(j).map(|j| j.phase) == Some(JobPhase::Running))
             .ok_or_else(|| ServiceError::BadRequest(format!("runner {id} is not running a job")))?;
         let runner_name = runner.name.clone();
-        let (result, scale_set) = {
+        let (result, scale_set, mut extra) = {
             let job = self
                 .jobs
                 .get_mut(&job_id)
@@ -767,25 +883,29 @@ impl State {
             let result = job.outcome.result();
             job.phase = JobPhase::Finished;
             job.result = Some(result);
-            (job.outcome, job.scale_set)
+            (
+                job.outcome,
+                job.scale_set,
+                job.times(Some(Timestamp::now())),
+            )
         };
         match result {
             JobOutcome::Succeeded => self.ledger.jobs_succeeded += 1,
             JobOutcome::Failed => self.ledger.jobs_failed += 1,
             JobOutcome::Cancelled => self.ledger.jobs_cancelled += 1,
         }
-        let item = self.job_message(
-            job_id,
-            "JobCompleted",
-            json!({"result": result.result(), "runnerId": id, "runnerName": runner_name,
-                   "finishTime": now_rfc3339()}),
-        );
-        if let Some(set) = scale_set {
-            self.post(set, item);
-        }
+        extra["result"] = json!(result.result());
+        extra["runnerId"] = json!(id);
+        extra["runnerName"] = json!(runner_name);
+        let item = self.job_message(job_id, "JobCompleted", extra);
         self.runners.remove(&id);
         self.ledger.runners_removed += 1;
         self.ledger.self_deregistered += 1;
+        if let Some(set) = scale_set {
+            self.post(set, item);
+            // Its place in the set's capacity is free for a held job.
+            self.dispatch(set);
+        }
         Ok(json!({"result": result.result()}))
     }
 
@@ -810,39 +930,130 @@ impl State {
             return;
         };
         let runner_name = runner.name.clone();
+        if self
+            .jobs
+            .get(&job_id)
+            .is_none_or(|j| j.phase == JobPhase::Finished)
+        {
+            return;
+        }
+        self.cancel(
+            job_id,
+            Cancellation::RunnerVanished,
+            Some((runner_id, runner_name)),
+        );
+    }
+
+    /// The service takes back a job it assigned: `JobCompleted` with
+    /// `canceled` (naming the runner that held it, if one did), then either a
+    /// new `JobAvailable` or, past [`MAX_REQUEUES`] or under
+    /// [`VanishedJobPolicy::Cancel`], the end of the job.
+    fn cancel(&mut self, job_id: u64, why: Cancellation, runner: Option<(u64, String)>) {
+        let policy = self.settings.vanished_jobs;
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return;
         };
-        if job.phase == JobPhase::Finished {
-            return;
+        let mut extra = job.times(Some(Timestamp::now()));
+        extra["result"] = json!("canceled");
+        if let Some((id, name)) = runner {
+            extra["runnerId"] = json!(id);
+            extra["runnerName"] = json!(name);
         }
-        self.ledger.jobs_cancelled_runner_vanished += 1;
-        let requeue = self.settings.vanished_jobs == VanishedJobPolicy::Requeue
-            && job.requeues < MAX_REQUEUES;
+        let requeue = requeued(why, policy, job.requeues);
         let scale_set = job.scale_set;
-        job.runner = None;
         if requeue {
             job.requeues += 1;
-            job.phase = JobPhase::Available;
-            self.ledger.jobs_requeued += 1;
+            job.reoffer();
         } else {
+            job.runner = None;
             job.phase = JobPhase::Finished;
             job.result = Some("canceled");
+        }
+        match why {
+            Cancellation::RunnerVanished => self.ledger.jobs_cancelled_runner_vanished += 1,
+            Cancellation::Unclaimed => self.ledger.jobs_cancelled_unclaimed += 1,
+        }
+        if requeue {
+            self.ledger.jobs_requeued += 1;
+        } else {
             self.ledger.jobs_cancelled += 1;
         }
-        let completed = self.job_message(
-            job_id,
-            "JobCompleted",
-            json!({"result": "canceled", "runnerId": runner_id, "runnerName": runner_name,
-                   "finishTime": now_rfc3339()}),
-        );
+        let completed = self.job_message(job_id, "JobCompleted", extra);
         if let Some(set) = scale_set {
             self.post(set, completed);
             if requeue {
                 let available = self.available_message(job_id);
                 self.post(set, available);
             }
+            self.dispatch(set);
         }
+    }
+
+    /// Cancels every job assigned to a scale set that no runner has taken
+    /// within the assignment timeout of `now`, and says when the next one
+    /// will time out.
+    ///
+    /// `now` is an argument, not read here, so the rule can be tested
+    /// without waiting; the server calls this from a task that sleeps until
+    /// the deadline it returns, or until the state changes.
+    pub(crate) fn expire_unclaimed(&mut self, now: Timestamp) -> Expiry {
+        let timeout = self.settings.runtime.assignment_timeout;
+        let deadline = |job: &Job| {
+            job.scale_set_assigned
+                .and_then(|t| t.checked_add(timeout).ok())
+                .unwrap_or(Timestamp::MAX)
+        };
+        let overdue: Vec<u64> = self
+            .jobs
+            .values()
+            .filter(|j| j.phase == JobPhase::Acquired && deadline(j) <= now)
+            .map(|j| j.id)
+            .collect();
+        let mut cancelled = 0;
+        for job_id in overdue {
+            // Checked again: each cancellation dispatches its scale set,
+            // which may have moved other jobs on.
+            if self
+                .jobs
+                .get(&job_id)
+                .is_some_and(|j| j.phase == JobPhase::Acquired && deadline(j) <= now)
+            {
+                self.cancel(job_id, Cancellation::Unclaimed, None);
+                cancelled += 1;
+            }
+        }
+        Expiry {
+            cancelled,
+            next_deadline: self
+                .jobs
+                .values()
+                .filter(|j| j.phase == JobPhase::Acquired)
+                .map(deadline)
+                .min(),
+        }
+    }
+
+    pub(crate) fn runtime_settings(&self) -> RuntimeSettings {
+        self.settings.runtime
+    }
+
+    pub(crate) fn set_runtime_settings(&mut self, settings: RuntimeSettings) {
+        self.settings.runtime = settings;
+    }
+
+    /// Records the `X-ScaleSetMaxCapacity` a listener polled with (`None`
+    /// when it sent none) and assigns held jobs it now has room for. Returns
+    /// whether anything changed.
+    pub(crate) fn set_max_capacity(&mut self, scale_set: u64, capacity: Option<u64>) -> bool {
+        let Some(set) = self.scale_sets.get_mut(&scale_set) else {
+            return false;
+        };
+        if set.max_capacity == capacity {
+            return false;
+        }
+        set.max_capacity = capacity;
+        self.dispatch(scale_set);
+        true
     }
 
     // ----- jobs -----------------------------------------------------------
@@ -866,6 +1077,8 @@ impl State {
                     runner: None,
                     result: None,
                     requeues: 0,
+                    scale_set_assigned: None,
+                    runner_assigned: None,
                 },
             );
             self.ledger.jobs_enqueued += 1;
@@ -903,7 +1116,8 @@ impl State {
     }
 
     /// `acquirejobs`: the listener takes the available jobs it names; the
-    /// answer lists those it got (others may be gone or taken).
+    /// answer lists those it got (others may be gone or taken). Acquired
+    /// jobs are assigned to the set as far as its capacity allows.
     pub(crate) fn acquire(&mut self, scale_set: u64, ids: &[u64]) -> Vec<u64> {
         let mut acquired = Vec::new();
         for id in ids {
@@ -911,7 +1125,7 @@ impl State {
                 && job.scale_set == Some(scale_set)
                 && job.phase == JobPhase::Available
             {
-                job.phase = JobPhase::Acquired;
+                job.phase = JobPhase::Held;
                 acquired.push(*id);
             }
         }
@@ -919,9 +1133,47 @@ impl State {
         acquired
     }
 
-    /// Assigns acquired jobs of a scale set, oldest first, to its online idle
-    /// runners, lowest id first.
+    /// Moves a scale set's jobs along as far as they can go now: held jobs
+    /// are assigned to the set while its capacity allows, then jobs waiting
+    /// in the set are handed to its online idle runners.
     fn dispatch(&mut self, scale_set: u64) {
+        self.assign_to_scale_set(scale_set);
+        self.hand_to_runners(scale_set);
+    }
+
+    /// Assigns held jobs, oldest first, to their scale set as far as
+    /// [`assignable`] allows, each with a `JobAssigned`.
+    fn assign_to_scale_set(&mut self, scale_set: u64) {
+        let Some(capacity) = self.scale_sets.get(&scale_set).map(|s| s.max_capacity) else {
+            return;
+        };
+        let of_set = || {
+            self.jobs
+                .values()
+                .filter(move |j| j.scale_set == Some(scale_set))
+        };
+        let in_set = of_set().filter(|j| j.holds_capacity()).count() as u64;
+        let held: Vec<u64> = of_set()
+            .filter(|j| j.phase == JobPhase::Held)
+            .map(|j| j.id)
+            .collect();
+        let take = assignable(capacity, in_set, held.len() as u64) as usize;
+        for job_id in held.into_iter().take(take) {
+            let Some(job) = self.jobs.get_mut(&job_id) else {
+                continue;
+            };
+            job.phase = JobPhase::Acquired;
+            job.scale_set_assigned = Some(Timestamp::now());
+            let times = job.times(None);
+            let item = self.job_message(job_id, "JobAssigned", times);
+            self.post(scale_set, item);
+        }
+    }
+
+    /// Hands jobs waiting in a scale set, oldest first, to its online idle
+    /// runners, lowest id first. No message: the runner's `JobStarted`
+    /// reports it, with the `runnerAssignTime` recorded here.
+    fn hand_to_runners(&mut self, scale_set: u64) {
         loop {
             let Some(job_id) = self
                 .jobs
@@ -939,18 +1191,13 @@ impl State {
                 return;
             };
             runner.job = Some(job_id);
-            let (runner_id, runner_name) = (runner.id, runner.name.clone());
+            let runner_id = runner.id;
             if let Some(job) = self.jobs.get_mut(&job_id) {
                 job.phase = JobPhase::Assigned;
                 job.runner = Some(runner_id);
+                let now = Timestamp::now();
+                job.runner_assigned = Some(job.scale_set_assigned.map_or(now, |t| t.max(now)));
             }
-            let item = self.job_message(
-                job_id,
-                "JobAssigned",
-                json!({"runnerId": runner_id, "runnerName": runner_name,
-                       "runnerAssignTime": now_rfc3339()}),
-            );
-            self.post(scale_set, item);
         }
     }
 
@@ -1006,7 +1253,6 @@ impl State {
                     "{}/tenant/{tenant}/_apis/runtime/runnerscalesets/{}/acquirejobs",
                     self.settings.base_url, set.unwrap_or_default()
                 ),
-                "scaleSetAssignTime": now_rfc3339(),
             }),
         )
     }
@@ -1055,6 +1301,7 @@ impl State {
                 runner_group_id: s.group_id,
                 labels: s.labels.iter().map(|l| l.name.clone()).collect(),
                 session_active: s.session.is_some(),
+                max_capacity: s.max_capacity,
                 statistics: self.statistics(s.id),
             })
             .collect()
@@ -1300,7 +1547,36 @@ mod tests {
             vanished_jobs: policy,
             max_batch: 50,
             extra_runner_groups: vec!["gpu".into()],
+            runtime: RuntimeSettings {
+                assignment_timeout: TIMEOUT,
+            },
         })
+    }
+
+    const TIMEOUT: Duration = Duration::from_secs(60);
+
+    /// A moment past the assignment timeout of every job assigned so far.
+    fn after_timeout() -> Timestamp {
+        Timestamp::now()
+            .checked_add(TIMEOUT + Duration::from_millis(1))
+            .unwrap()
+    }
+
+    /// Every job message posted so far, in order, taken off the queue.
+    fn drain(s: &mut State, set: u64) -> Vec<Value> {
+        let mut items = Vec::new();
+        let mut last = 0;
+        while let Some(m) = s.next_message(set, last) {
+            last = m["messageId"].as_u64().unwrap();
+            items.extend(serde_json::from_str::<Vec<Value>>(m["body"].as_str().unwrap()).unwrap());
+            s.delete_message(set, last);
+        }
+        items
+    }
+
+    fn time(item: &Value, field: &str) -> Option<Timestamp> {
+        item.get(field)
+            .map(|t| t.as_str().unwrap().parse().unwrap())
     }
 
     /// A tenant and a scale set with labels, ready for jobs.
@@ -1377,6 +1653,249 @@ mod tests {
         assert_eq!(
             s.remove_runner(tenant, config.runner_id),
             Ok(Removal::AlreadyGone)
+        );
+    }
+
+    #[test]
+    fn capacity_bounds_what_is_assigned_and_never_takes_back() {
+        // (capacity, already in the set, held) -> assigned now
+        let cases = [
+            (None, 0, 5, 5),
+            (None, 7, 5, 5),
+            (Some(10), 0, 5, 5),
+            (Some(2), 0, 5, 2),
+            (Some(2), 1, 5, 1),
+            (Some(2), 2, 5, 0),
+            (Some(2), 4, 5, 0),
+            (Some(0), 0, 3, 0),
+            (Some(3), 0, 0, 0),
+        ];
+        for (capacity, in_set, held, expected) in cases {
+            assert_eq!(
+                assignable(capacity, in_set, held),
+                expected,
+                "capacity {capacity:?}, {in_set} in the set, {held} held"
+            );
+        }
+    }
+
+    #[test]
+    fn a_cancelled_job_is_requeued_three_times_at_most() {
+        use Cancellation::{RunnerVanished, Unclaimed};
+        use VanishedJobPolicy::{Cancel, Requeue};
+        // (why, policy, requeues so far) -> offered again
+        let cases = [
+            (Unclaimed, Requeue, 0, true),
+            (Unclaimed, Requeue, 2, true),
+            (Unclaimed, Requeue, 3, false),
+            (Unclaimed, Cancel, 0, true),
+            (RunnerVanished, Requeue, 0, true),
+            (RunnerVanished, Requeue, 3, false),
+            (RunnerVanished, Cancel, 0, false),
+        ];
+        for (why, policy, requeues, expected) in cases {
+            assert_eq!(
+                requeued(why, policy, requeues),
+                expected,
+                "{why:?} under {policy:?} after {requeues}"
+            );
+        }
+    }
+
+    #[test]
+    fn acquired_jobs_are_assigned_to_the_set_with_statistics_that_count_them() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (_, set) = with_scale_set(&mut s, &[]);
+        let ids = s.enqueue(&JobSpec::new(2, &[]));
+        let offered = s.next_message(set, 0).unwrap();
+        s.delete_message(set, offered["messageId"].as_u64().unwrap());
+        assert_eq!(offered["statistics"]["totalAssignedJobs"], 0);
+
+        s.acquire(set, &ids);
+        let assigned = s.next_message(set, 0).expect("the assignment is a message");
+        assert_eq!(kinds(&assigned), ["JobAssigned", "JobAssigned"]);
+        assert_eq!(assigned["statistics"]["totalAssignedJobs"], 2);
+        assert_eq!(assigned["statistics"]["totalAcquiredJobs"], 2);
+        let items: Vec<Value> = serde_json::from_str(assigned["body"].as_str().unwrap()).unwrap();
+        assert!(time(&items[0], "scaleSetAssignTime").is_some());
+        assert!(items[0].get("runnerAssignTime").is_none());
+        assert!(items[0].get("runnerId").is_none());
+    }
+
+    #[test]
+    fn the_max_capacity_holds_jobs_back_until_a_place_frees() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (tenant, set) = with_scale_set(&mut s, &[]);
+        assert!(s.set_max_capacity(set, Some(2)));
+        assert!(!s.set_max_capacity(set, Some(2)), "unchanged");
+        let ids = s.enqueue(&JobSpec::new(5, &[]));
+        drain(&mut s, set);
+        s.acquire(set, &ids);
+        let phases = |s: &State| s.jobs().iter().map(|j| j.phase).collect::<Vec<_>>();
+        use JobPhase::{Acquired, Assigned, Finished, Held};
+        assert_eq!(phases(&s), [Acquired, Acquired, Held, Held, Held]);
+        let stats = s.statistics(set);
+        assert_eq!(
+            (stats.total_assigned_jobs, stats.total_acquired_jobs),
+            (2, 5)
+        );
+        assert_eq!(kinds_of(&drain(&mut s, set)), ["JobAssigned"; 2]);
+
+        // A runner finishing one frees its place for the oldest held job.
+        let config = jit(&mut s, tenant, set, "r1");
+        s.connect(&config).unwrap();
+        s.take_job(&config).unwrap().unwrap();
+        s.complete(&config).unwrap();
+        assert_eq!(phases(&s), [Finished, Acquired, Acquired, Held, Held]);
+        assert_eq!(
+            kinds_of(&drain(&mut s, set)),
+            ["JobStarted", "JobCompleted", "JobAssigned"]
+        );
+
+        // Lowered, nothing is taken back; raised, the rest is assigned.
+        s.set_max_capacity(set, Some(1));
+        assert_eq!(phases(&s), [Finished, Acquired, Acquired, Held, Held]);
+        s.set_max_capacity(set, None);
+        assert_eq!(
+            phases(&s),
+            [Finished, Acquired, Acquired, Acquired, Acquired]
+        );
+        let r2 = jit(&mut s, tenant, set, "r2");
+        s.connect(&r2).unwrap();
+        assert_eq!(phases(&s)[1], Assigned, "the oldest goes to the runner");
+    }
+
+    fn kinds_of(items: &[Value]) -> Vec<String> {
+        items
+            .iter()
+            .map(|m| m["messageType"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_job_no_runner_takes_is_cancelled_offered_again_and_given_up_after_three() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (_, set) = with_scale_set(&mut s, &[]);
+        let ids = s.enqueue(&JobSpec::new(1, &[]));
+        let mut seen = drain(&mut s, set);
+        for round in 0..=MAX_REQUEUES {
+            assert_eq!(s.acquire(set, &ids), ids, "round {round}");
+            let expiry = s.expire_unclaimed(Timestamp::now());
+            assert_eq!(expiry.cancelled, 0, "not before the timeout");
+            assert!(expiry.next_deadline.is_some());
+            let expiry = s.expire_unclaimed(after_timeout());
+            assert_eq!(expiry.cancelled, 1, "round {round}");
+            seen.extend(drain(&mut s, set));
+        }
+        assert_eq!(s.expire_unclaimed(after_timeout()).next_deadline, None);
+        let mut expected = vec!["JobAvailable"];
+        for _ in 0..MAX_REQUEUES {
+            expected.extend(["JobAssigned", "JobCompleted", "JobAvailable"]);
+        }
+        expected.extend(["JobAssigned", "JobCompleted"]);
+        assert_eq!(kinds_of(&seen), expected);
+        for completed in seen.iter().filter(|m| m["messageType"] == "JobCompleted") {
+            assert_eq!(completed["result"], "canceled");
+            assert!(
+                completed.get("runnerAssignTime").is_none(),
+                "no runner took it"
+            );
+            assert!(
+                time(completed, "scaleSetAssignTime").unwrap()
+                    <= time(completed, "finishTime").unwrap()
+            );
+        }
+        let job = &s.jobs()[0];
+        assert_eq!(
+            (job.phase, job.result.as_deref(), job.requeues),
+            (JobPhase::Finished, Some("canceled"), MAX_REQUEUES)
+        );
+        let ledger = s.ledger();
+        assert_eq!(ledger.jobs_cancelled_unclaimed, u64::from(MAX_REQUEUES) + 1);
+        assert_eq!(ledger.jobs_requeued, u64::from(MAX_REQUEUES));
+        assert_eq!(ledger.jobs_cancelled, 1);
+        assert_eq!(ledger.jobs_unfinished, 0);
+        assert_eq!(ledger.jobs_cancelled_runner_vanished, 0);
+    }
+
+    #[test]
+    fn the_place_a_removed_runner_frees_is_not_given_back_to_it() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (tenant, set) = with_scale_set(&mut s, &[]);
+        s.set_max_capacity(set, Some(1));
+        let ids = s.enqueue(&JobSpec::new(2, &[]));
+        s.acquire(set, &ids);
+        let config = jit(&mut s, tenant, set, "r1");
+        s.connect(&config).unwrap();
+        assert_eq!(s.jobs()[0].phase, JobPhase::Assigned);
+        assert_eq!(s.jobs()[1].phase, JobPhase::Held);
+
+        s.remove_runner(tenant, config.runner_id).unwrap();
+        let jobs = s.jobs();
+        assert_eq!(jobs[0].phase, JobPhase::Available, "offered again");
+        assert_eq!(
+            (jobs[1].phase, jobs[1].runner_id),
+            (JobPhase::Acquired, None),
+            "assigned to the set, waiting for a runner"
+        );
+        assert!(s.runners().is_empty());
+    }
+
+    #[test]
+    fn a_job_handed_to_a_runner_does_not_time_out() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (tenant, set) = with_scale_set(&mut s, &[]);
+        let ids = s.enqueue(&JobSpec::new(1, &[]));
+        s.acquire(set, &ids);
+        let config = jit(&mut s, tenant, set, "r1");
+        s.connect(&config).unwrap();
+        let expiry = s.expire_unclaimed(after_timeout());
+        assert_eq!(
+            expiry,
+            Expiry {
+                cancelled: 0,
+                next_deadline: None
+            }
+        );
+        assert_eq!(s.jobs()[0].phase, JobPhase::Assigned);
+    }
+
+    #[test]
+    fn job_messages_carry_times_in_order() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (tenant, set) = with_scale_set(&mut s, &[]);
+        let ids = s.enqueue(&JobSpec::new(1, &[]));
+        s.acquire(set, &ids);
+        let config = jit(&mut s, tenant, set, "r1");
+        s.connect(&config).unwrap();
+        s.take_job(&config).unwrap().unwrap();
+        s.complete(&config).unwrap();
+        let items = drain(&mut s, set);
+        assert_eq!(
+            kinds_of(&items),
+            ["JobAvailable", "JobAssigned", "JobStarted", "JobCompleted"]
+        );
+        let [available, assigned, started, completed] = &items[..] else {
+            unreachable!()
+        };
+        for field in ["scaleSetAssignTime", "runnerAssignTime", "finishTime"] {
+            assert!(available.get(field).is_none(), "{field} on JobAvailable");
+        }
+        let assign = time(assigned, "scaleSetAssignTime").unwrap();
+        assert!(assigned.get("runnerAssignTime").is_none());
+        assert_eq!(time(started, "scaleSetAssignTime"), Some(assign));
+        let runner = time(started, "runnerAssignTime").unwrap();
+        assert!(started.get("finishTime").is_none());
+        assert_eq!(time(completed, "scaleSetAssignTime"), Some(assign));
+        assert_eq!(time(completed, "runnerAssignTime"), Some(runner));
+        let finish = time(completed, "finishTime").unwrap();
+        assert!(
+            assign <= runner && runner <= finish,
+            "{assign} {runner} {finish}"
+        );
+        assert!(
+            completed["finishTime"].as_str().unwrap().ends_with('Z'),
+            "UTC: {completed}"
         );
     }
 

@@ -57,7 +57,11 @@ pub async fn call(
     if let Some(body) = body {
         request = request.json(&body);
     }
-    let response = request.send().await.expect("the request is answered");
+    read(request.send().await.expect("the request is answered")).await
+}
+
+/// A response read whole, a BOM before JSON tolerated.
+async fn read(response: reqwest::Response) -> Answer {
     let status = response.status();
     let headers = response.headers().clone();
     let raw = response.bytes().await.expect("a body").to_vec();
@@ -194,12 +198,35 @@ impl Session {
 
     /// GetMessage as the client does it.
     pub async fn get(&self, http: &reqwest::Client, last: u64) -> Answer {
-        let url = if last > 0 {
+        call(
+            http,
+            Method::GET,
+            &self.poll_url(last),
+            Some(&self.bearer()),
+            None,
+        )
+        .await
+    }
+
+    /// GetMessage as a listener does it, telling the service its capacity
+    /// in `X-ScaleSetMaxCapacity`.
+    pub async fn poll(&self, http: &reqwest::Client, last: u64, capacity: u64) -> Answer {
+        let response = http
+            .get(self.poll_url(last))
+            .header("Authorization", self.bearer())
+            .header("X-ScaleSetMaxCapacity", capacity.to_string())
+            .send()
+            .await
+            .expect("the poll is answered");
+        read(response).await
+    }
+
+    fn poll_url(&self, last: u64) -> String {
+        if last > 0 {
             format!("{}?lastMessageId={last}", self.queue_url)
         } else {
             self.queue_url.clone()
-        };
-        call(http, Method::GET, &url, Some(&self.bearer()), None).await
+        }
     }
 
     pub async fn delete(&self, http: &reqwest::Client, id: u64) -> Answer {
