@@ -279,9 +279,22 @@ async fn runner_pool(
 }
 
 #[tokio::test]
-async fn a_burst_scales_up_to_max_runners_and_back_to_min_when_the_jobs_complete() {
+async fn a_burst_scales_from_zero_up_to_max_runners_and_back_to_zero() {
+    burst_and_back(0).await;
+}
+
+#[tokio::test]
+async fn a_warm_pool_of_min_runners_takes_a_burst_and_returns_to_min() {
+    burst_and_back(1).await;
+}
+
+/// Six jobs on a scale set of `min`..=4 runners, with runners kept as the
+/// decisions ask (the EphemeralRunnerSet's part): the decisions reach
+/// maxRunners and never pass it, every job runs and is recorded on its
+/// runner, and the decision returns to `min`.
+async fn burst_and_back(min: u32) {
     let service = service().await;
-    let running = start(&service, spec(&service, 1, 4, None));
+    let running = start(&service, spec(&service, min, 4, None));
     let stop = CancellationToken::new();
     let pool = tokio::spawn(runner_pool(
         service.client.clone(),
@@ -291,9 +304,9 @@ async fn a_burst_scales_up_to_max_runners_and_back_to_min_when_the_jobs_complete
         stop.clone(),
     ));
 
-    // The warm pool first: minRunners with nothing assigned.
+    // minRunners first, with nothing assigned.
     patches_until(&running.target, |p| {
-        p.last().is_some_and(|p| p.replicas == 1)
+        p.last().is_some_and(|p| p.replicas == min)
     })
     .await;
     service
@@ -301,7 +314,7 @@ async fn a_burst_scales_up_to_max_runners_and_back_to_min_when_the_jobs_complete
         .control()
         .enqueue_jobs(JobSpec::new(6, &[LABEL]).lasting(Duration::from_millis(300)));
 
-    // Up to maxRunners (min 1 + 6 assigned, capped at 4), never above it.
+    // Up to maxRunners (min + 6 assigned, capped at 4), never above it.
     patches_until(&running.target, |p| p.iter().any(|p| p.replicas == 4)).await;
     // Every job runs, and with nothing left the decision returns to min.
     service
@@ -311,9 +324,7 @@ async fn a_burst_scales_up_to_max_runners_and_back_to_min_when_the_jobs_complete
         .await
         .unwrap_or_else(|s| panic!("the jobs did not all run: {:?}", s.jobs));
     let patches = patches_until(&running.target, |p| {
-        p.last().is_some_and(|p| p.replicas == 1)
-            && p.iter().any(|p| p.replicas == 4)
-            && p.iter().rev().skip(1).any(|p| p.replicas > 1)
+        p.last().is_some_and(|p| p.replicas == min) && p.iter().any(|p| p.replicas == 4)
     })
     .await;
     assert!(patches.iter().all(|p| p.replicas <= 4), "{patches:?}");
@@ -465,22 +476,33 @@ async fn an_outage_is_reported_and_the_listener_recovers() {
         .unwrap();
     status_after(&running, seen, listening).await;
 
-    // It is listening for real: the same session sees a new job. The
-    // runner comes online so the fake reports the job assigned.
-    let runner = tokio::spawn(ephemeral_runner(
-        service.client.clone(),
-        service.fake.url().to_string(),
-        service.scale_set.id,
-        "linux-runner-1".into(),
-    ));
-    control
-        .wait_until(WAIT, |s| s.runners.iter().any(|r| r.online))
-        .await
-        .unwrap();
-    control.enqueue_jobs(JobSpec::new(1, &[LABEL]).lasting(Duration::from_millis(50)));
+    // It is listening for real: the same session takes a new job and
+    // scales for it.
+    control.enqueue_jobs(JobSpec::new(1, &[LABEL]));
     patches_until(&running.target, |p| p.iter().any(|p| p.replicas == 1)).await;
-    runner.await.unwrap();
     assert_eq!(control.counters().calls(Endpoint::CreateSession), 1);
+    running.handle.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_decision_the_target_refuses_is_reported_and_sent_again() {
+    let service = service().await;
+    let target = MemoryScaleTarget::new();
+    target.refuse_next(2);
+    let running = start_with(&service, spec(&service, 2, 4, None), loader(None), target);
+
+    status_after(&running, 0, retrying(Cause::TargetUnavailable)).await;
+    let patches = patches_until(&running.target, |p| !p.is_empty()).await;
+    // The refused decisions used up ids 1 and 2; the one applied is the
+    // third, so no id ever named a decision the target did not get.
+    assert_eq!(
+        patches,
+        [ScalePatch {
+            replicas: 2,
+            patch_id: 3
+        }]
+    );
+    status_after(&running, 0, listening).await;
     running.handle.stop().await.unwrap();
 }
 
