@@ -381,6 +381,50 @@ async fn burst_and_back(min: u32) {
 }
 
 #[tokio::test]
+async fn the_policy_state_is_kept_between_decisions_of_a_scale_set() {
+    let service = service().await;
+    // The cooldown policy scales down only once demand has stayed lower for
+    // a second, which it can only know from the state it wrote the last
+    // time: without it, every decision would start the lull afresh.
+    let policy = PolicyRef {
+        builtin: Some("cooldown".into()),
+        settings: Some(serde_json::json!({"scaleDownAfterSeconds": 1})),
+        ..PolicyRef::default()
+    };
+    let running = start(&service, spec(&service, 0, 4, Some(policy)));
+    let stop = CancellationToken::new();
+    let pool = tokio::spawn(runner_pool(
+        service.client.clone(),
+        service.fake.url().to_string(),
+        service.scale_set.id,
+        running.target.clone(),
+        stop.clone(),
+    ));
+    service
+        .fake
+        .control()
+        .enqueue_jobs(JobSpec::new(2, &[LABEL]).lasting(Duration::from_millis(100)));
+
+    let decided = |prefix: &'static str, desired: u32| {
+        move |u: &StatusUpdate| {
+            matches!(u, StatusUpdate::Decision(d)
+                if d.desired == desired && d.reason.starts_with(prefix) && d.policy == "builtin:cooldown")
+        }
+    };
+    status_after(&running, 0, decided("scaling up at once", 2)).await;
+    status_after(&running, 0, decided("holding 2", 2)).await;
+    status_after(&running, 0, decided("scaling down from 2 to 0", 0)).await;
+    patches_until(&running.target, |p| {
+        p.last().is_some_and(|p| p.replicas == 0)
+    })
+    .await;
+
+    stop.cancel();
+    pool.await.unwrap();
+    running.handle.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_listener_resumes_the_patch_ids_of_the_one_before() {
     let service = service().await;
     let target = MemoryScaleTarget::holding(ScalePatch {
