@@ -657,6 +657,7 @@ async fn a_scaling_policy_swapped_through_its_configmap_decides_the_next_time() 
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::Api;
     use kube::api::{ObjectMeta, PostParams};
+    use sha2::Digest as _;
 
     let env = arcwright_harness::TestEnv::new("listener-policy-swap").await;
     let configmaps: Api<ConfigMap> = Api::namespaced(env.client(), env.namespace());
@@ -666,10 +667,10 @@ async fn a_scaling_policy_swapped_through_its_configmap_decides_the_next_time() 
             ByteString(wasm.to_vec()),
         )]))
     };
-    // Both versions take the reference's settings: the first ignores them
-    // (ARC's formula), the second keeps two idle runners.
-    let first = std::fs::read(bundled::artifact("policy-test-hostile").unwrap()).unwrap();
-    let second = bundled::find(PolicyKind::Scaling, "buffered").unwrap().wasm;
+    // The first version holds runners through a lull (cooldown, five
+    // minutes); the second is ARC's formula, which drops them at once.
+    let first = bundled::find(PolicyKind::Scaling, "cooldown").unwrap().wasm;
+    let second = bundled::find(PolicyKind::Scaling, "default").unwrap().wasm;
     configmaps
         .create(
             &PostParams::default(),
@@ -678,7 +679,7 @@ async fn a_scaling_policy_swapped_through_its_configmap_decides_the_next_time() 
                     name: Some("scaler".into()),
                     ..ObjectMeta::default()
                 },
-                binary_data: module(&first),
+                binary_data: module(first),
                 ..ConfigMap::default()
             },
         )
@@ -691,7 +692,6 @@ async fn a_scaling_policy_swapped_through_its_configmap_decides_the_next_time() 
             name: "scaler".into(),
             key: "policy.wasm".into(),
         }),
-        settings: Some(serde_json::json!({"idle": 2})),
         ..PolicyRef::default()
     };
     let mut spec = spec(&service, 0, 5, Some(policy));
@@ -702,12 +702,33 @@ async fn a_scaling_policy_swapped_through_its_configmap_decides_the_next_time() 
         loader(Some(env.client())),
         MemoryScaleTarget::new(),
     );
-    let label = format!("configmap:{}/scaler", env.namespace());
-    let decided_by_configmap = |desired: u32| {
-        let label = label.clone();
-        move |u: &StatusUpdate| matches!(u, StatusUpdate::Decision(d) if d.policy == label && d.desired == desired)
+    let loaded = |wasm: &[u8]| {
+        let sha256 = hex::encode(sha2::Sha256::digest(wasm));
+        move |u: &StatusUpdate| matches!(u, StatusUpdate::Policy { event: PolicyEvent::Loaded { sha256: s }, .. } if *s == sha256)
     };
-    status_after(&running, 0, decided_by_configmap(0)).await;
+    status_after(&running, 0, loaded(first)).await;
+    let stop = CancellationToken::new();
+    let pool = tokio::spawn(runner_pool(
+        service.client.clone(),
+        service.fake.url().to_string(),
+        service.scale_set.id,
+        running.target.clone(),
+        stop.clone(),
+    ));
+    service
+        .fake
+        .control()
+        .enqueue_jobs(JobSpec::new(2, &[LABEL]).lasting(Duration::from_millis(100)));
+    let label = format!("configmap:{}/scaler", env.namespace());
+    let decided = |prefix: &'static str, desired: u32| {
+        let label = label.clone();
+        move |u: &StatusUpdate| {
+            matches!(u, StatusUpdate::Decision(d)
+                if d.policy == label && d.desired == desired && d.reason.starts_with(prefix))
+        }
+    };
+    // The jobs ran; the first version holds the two runners.
+    status_after(&running, 0, decided("holding 2", 2)).await;
     let applied = running.target.patches().all().len();
 
     let mut cm = configmaps.get("scaler").await.unwrap();
@@ -716,22 +737,16 @@ async fn a_scaling_policy_swapped_through_its_configmap_decides_the_next_time() 
         .replace("scaler", &PostParams::default(), &cm)
         .await
         .unwrap();
-    let updates = status_after(&running, 0, decided_by_configmap(2)).await;
-    assert!(
-        updates.iter().any(|u| matches!(
-            u,
-            StatusUpdate::Policy {
-                event: PolicyEvent::Loaded { .. },
-                ..
-            }
-        )),
-        "{updates:#?}"
-    );
+    status_after(&running, 0, loaded(second)).await;
+    // The next decision is the second version's: down to zero at once.
+    status_after(&running, 0, decided("minRunners 0 + assignedJobs 0", 0)).await;
     let patches = patches_until(&running.target, |p| {
-        p.len() > applied && p.last().is_some_and(|p| p.replicas == 2)
+        p.len() > applied && p.last().is_some_and(|p| p.replicas == 0)
     })
     .await;
     assert_ids_increase(&patches);
+    stop.cancel();
+    pool.await.unwrap();
     assert!(!running.handle.is_finished(), "no restart was needed");
     running.handle.stop().await.unwrap();
 }
