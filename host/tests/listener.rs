@@ -248,6 +248,31 @@ async fn ephemeral_runner(client: ActionsClient, base: String, scale_set_id: i64
     }
 }
 
+/// [`runner_pool`] running for a listener's target, until stopped.
+struct Pool {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Pool {
+    fn start(service: &Service, target: &MemoryScaleTarget) -> Self {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(runner_pool(
+            service.client.clone(),
+            service.fake.url().to_string(),
+            service.scale_set.id,
+            target.clone(),
+            stop.clone(),
+        ));
+        Self { stop, task }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.expect("the runner pool failed");
+    }
+}
+
 /// Plays the EphemeralRunnerSet: keeps as many runners alive as the last
 /// decision asks for, replacing those that finished their job.
 async fn runner_pool(
@@ -295,14 +320,7 @@ async fn a_warm_pool_of_min_runners_takes_a_burst_and_returns_to_min() {
 async fn burst_and_back(min: u32) {
     let service = service().await;
     let running = start(&service, spec(&service, min, 4, None));
-    let stop = CancellationToken::new();
-    let pool = tokio::spawn(runner_pool(
-        service.client.clone(),
-        service.fake.url().to_string(),
-        service.scale_set.id,
-        running.target.clone(),
-        stop.clone(),
-    ));
+    let pool = Pool::start(&service, &running.target);
 
     // minRunners first, with nothing assigned.
     patches_until(&running.target, |p| {
@@ -375,8 +393,7 @@ async fn burst_and_back(min: u32) {
         "{updates:#?}"
     );
 
-    stop.cancel();
-    pool.await.unwrap();
+    pool.stop().await;
     running.handle.stop().await.unwrap();
 }
 
@@ -392,14 +409,7 @@ async fn the_policy_state_is_kept_between_decisions_of_a_scale_set() {
         ..PolicyRef::default()
     };
     let running = start(&service, spec(&service, 0, 4, Some(policy)));
-    let stop = CancellationToken::new();
-    let pool = tokio::spawn(runner_pool(
-        service.client.clone(),
-        service.fake.url().to_string(),
-        service.scale_set.id,
-        running.target.clone(),
-        stop.clone(),
-    ));
+    let pool = Pool::start(&service, &running.target);
     service
         .fake
         .control()
@@ -419,8 +429,7 @@ async fn the_policy_state_is_kept_between_decisions_of_a_scale_set() {
     })
     .await;
 
-    stop.cancel();
-    pool.await.unwrap();
+    pool.stop().await;
     running.handle.stop().await.unwrap();
 }
 
@@ -707,14 +716,7 @@ async fn a_scaling_policy_swapped_through_its_configmap_decides_the_next_time() 
         move |u: &StatusUpdate| matches!(u, StatusUpdate::Policy { event: PolicyEvent::Loaded { sha256: s }, .. } if *s == sha256)
     };
     status_after(&running, 0, loaded(first)).await;
-    let stop = CancellationToken::new();
-    let pool = tokio::spawn(runner_pool(
-        service.client.clone(),
-        service.fake.url().to_string(),
-        service.scale_set.id,
-        running.target.clone(),
-        stop.clone(),
-    ));
+    let pool = Pool::start(&service, &running.target);
     service
         .fake
         .control()
@@ -745,8 +747,7 @@ async fn a_scaling_policy_swapped_through_its_configmap_decides_the_next_time() 
     })
     .await;
     assert_ids_increase(&patches);
-    stop.cancel();
-    pool.await.unwrap();
+    pool.stop().await;
     assert!(!running.handle.is_finished(), "no restart was needed");
     running.handle.stop().await.unwrap();
 }
