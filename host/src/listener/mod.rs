@@ -1,0 +1,154 @@
+//! Listeners: one tokio task per scale set, turning the Actions service's
+//! messages into scaling decisions.
+//!
+//! ARC runs a listener pod per scale set; arcwright runs them as tasks in the
+//! host, so a thousand scale sets are a thousand long polls on one
+//! connection pool, not a thousand pods. A listener:
+//!
+//! 1. creates the scale set's message session (a conflict means another
+//!    holder's session has not expired yet: it waits and tries again);
+//! 2. long-polls for messages, telling the service through
+//!    `X-ScaleSetMaxCapacity` how many jobs the set can take;
+//! 3. for each message, in ARC's order: keeps its statistics, acknowledges
+//!    it, acquires the jobs offered, records JobStarted and JobCompleted on
+//!    their runners ([`JobSink`]);
+//! 4. lets the scaling policy decide ([`crate::policy::Decider`], loaded
+//!    through [`PolicyLoader`], so a policy swapped in its ConfigMap decides
+//!    the next time without a restart, and a failing one falls back to the
+//!    bundled default);
+//! 5. applies the answer with the next patch id ([`ScaleTarget`]), and tells
+//!    the status what changed ([`StatusSink`]).
+//!
+//! Every failure of the service (session conflict, scale set gone, session
+//! or token lost, outages) is retried with capped, jittered exponential
+//! backoff ([`Backoff`]) and reported; none ends the task. Shutdown stops
+//! the poll and deletes the session.
+//!
+//! The decisions are pure functions with table tests: [`plan_batch`] (a
+//! message to what to acquire and record), [`scaling_input`],
+//! [`PatchSequence`] (which decisions are sent, with which id),
+//! [`recovery`] and [`Backoff::delay`] (what a failure means, how long to
+//! wait), [`StatusTracker`] (what is news). The task is the thin layer that
+//! does what they say.
+//!
+//! The listener knows Kubernetes only through its three seams. Production
+//! implementations patch the EphemeralRunnerSet and the EphemeralRunners'
+//! status; [`MemoryScaleTarget`], [`MemoryJobSink`] and [`MemoryStatusSink`]
+//! keep everything in memory.
+
+mod backoff;
+mod batch;
+mod error;
+mod jobs;
+mod memory;
+mod patch;
+mod status;
+mod target;
+mod task;
+
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+pub use backoff::{Backoff, Cause, Recovery, recovery};
+pub use batch::{BatchPlan, plan_batch, scaling_input};
+pub use error::ListenerError;
+pub use jobs::{JobCompleted, JobSink, JobStarted};
+pub use memory::{JobRecord, MemoryJobSink, MemoryScaleTarget, MemoryStatusSink, Recorder};
+pub use patch::PatchSequence;
+pub use status::{DecisionReport, Health, StatusSink, StatusTracker, StatusUpdate};
+pub use target::{Observed, ScalePatch, ScaleTarget};
+
+use crate::actions::ActionsClient;
+use crate::policy::loader::{PolicyLoader, PolicyRef};
+use crate::policy::types::ScaleSet;
+
+/// What a listener serves.
+#[derive(Clone, Debug)]
+pub struct ListenerSpec {
+    /// The scale set's id in the Actions service.
+    pub scale_set_id: i64,
+    /// The scale set as its AutoscalingRunnerSet declares it: name,
+    /// namespace (where a ConfigMap policy is looked up), min and max
+    /// runners (max is also the capacity announced on each poll), labels.
+    pub scale_set: ScaleSet,
+    /// Who holds the session, as the service shows it (the host's name).
+    pub owner: String,
+    /// The scaling policy; `None` is the bundled default.
+    pub scaling_policy: Option<PolicyRef>,
+    /// How long to wait between failed attempts.
+    pub backoff: Backoff,
+}
+
+/// A running listener. Dropping it leaves the task running until the
+/// shutdown token given to [`spawn`] is cancelled; [`ListenerHandle::stop`]
+/// stops this one alone.
+#[derive(Debug)]
+pub struct ListenerHandle {
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), ListenerError>>,
+}
+
+impl ListenerHandle {
+    /// Stops polling, deletes the message session and waits for the task.
+    pub async fn stop(self) -> Result<(), ListenerError> {
+        self.shutdown.cancel();
+        self.join().await
+    }
+
+    /// Waits for the task to end (after its shutdown token is cancelled).
+    pub async fn join(self) -> Result<(), ListenerError> {
+        match self.task.await {
+            Ok(result) => result,
+            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Whether the task has ended.
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+}
+
+/// Starts a listener on the current runtime. It runs until `shutdown` (or a
+/// parent of it, e.g. the host's SIGTERM token) is cancelled or
+/// [`ListenerHandle::stop`] is called.
+pub fn spawn<T, J, S>(
+    client: ActionsClient,
+    loader: PolicyLoader,
+    spec: ListenerSpec,
+    target: T,
+    jobs: J,
+    status: S,
+    shutdown: &CancellationToken,
+) -> ListenerHandle
+where
+    T: ScaleTarget,
+    J: JobSink,
+    S: StatusSink,
+{
+    let shutdown = shutdown.child_token();
+    let span = tracing::info_span!(
+        "listener",
+        scale_set = %spec.scale_set.name,
+        namespace = %spec.scale_set.namespace,
+        scale_set_id = spec.scale_set_id,
+    );
+    let status = status::Reporting::new(status, spec.scale_set.name.clone());
+    let run = task::Run {
+        client,
+        loader,
+        spec,
+        target,
+        jobs,
+        status: Arc::clone(&status),
+        shutdown: shutdown.clone(),
+    };
+    ListenerHandle {
+        shutdown,
+        task: tokio::spawn(run.run().instrument(span)),
+    }
+}

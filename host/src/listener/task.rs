@@ -1,0 +1,290 @@
+//! The listener task: the thin layer that does what the pure functions
+//! decide, in ARC's order.
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use tokio_util::sync::CancellationToken;
+
+use super::backoff::recovery;
+use super::batch::{plan_batch, scaling_input};
+use super::jobs::JobSink;
+use super::patch::PatchSequence;
+use super::status::{DecisionReport, Health, Reporting, StatusSink};
+use super::target::ScaleTarget;
+use super::{Cause, ListenerError, ListenerSpec};
+use crate::actions::{ActionsClient, ActionsError, MessageSession, RunnerScaleSetStatistic};
+use crate::policy::loader::PolicyLoader;
+use crate::policy::{Decider, PolicyKind};
+
+/// How a session's loop ended.
+enum Ended {
+    /// Shutdown was asked for.
+    Shutdown,
+    /// The session is beyond use; the error says why.
+    Renew(ActionsError),
+}
+
+/// A listener's parts.
+pub(crate) struct Run<T, J, S> {
+    pub(crate) client: ActionsClient,
+    pub(crate) loader: PolicyLoader,
+    pub(crate) spec: ListenerSpec,
+    pub(crate) target: T,
+    pub(crate) jobs: J,
+    pub(crate) status: Arc<Reporting<S>>,
+    pub(crate) shutdown: CancellationToken,
+}
+
+/// What a listener keeps between polls and sessions.
+struct Memory {
+    /// Failed attempts in a row, for the backoff.
+    attempt: u32,
+    /// Numbering of decisions; set from the target on the first decision.
+    sequence: Option<PatchSequence>,
+    /// The latest statistics from the service.
+    statistics: Option<RunnerScaleSetStatistic>,
+    /// Jobs offered that could not be acquired yet (the acquire call
+    /// failed); tried again with the next batch.
+    unacquired: Vec<i64>,
+}
+
+impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
+    pub(crate) async fn run(self) -> Result<(), ListenerError> {
+        let reporter: Arc<dyn crate::policy::PolicyReporter> = self.status.clone();
+        let policy = self
+            .loader
+            .load(
+                PolicyKind::Scaling,
+                &self.spec.scale_set.namespace,
+                self.spec.scaling_policy.as_ref(),
+                reporter,
+            )
+            .await?;
+        let decider = policy.decider().clone();
+        let mut memory = Memory {
+            attempt: 0,
+            sequence: None,
+            statistics: None,
+            unacquired: Vec::new(),
+        };
+        loop {
+            let created = tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => break,
+                created = self
+                    .client
+                    .create_message_session(self.spec.scale_set_id, &self.spec.owner) => created,
+            };
+            let session = match created {
+                Ok(session) => session,
+                Err(error) => {
+                    if self.pause(&error, &mut memory).await {
+                        continue;
+                    }
+                    break;
+                }
+            };
+            tracing::debug!(scale_set = %self.spec.scale_set.name, session = %session.id(), "message session created");
+            match self.listen(&session, &decider, &mut memory).await {
+                Ended::Shutdown => {
+                    self.close(session).await;
+                    break;
+                }
+                Ended::Renew(error) => {
+                    self.close(session).await;
+                    if !self.pause(&error, &mut memory).await {
+                        break;
+                    }
+                }
+            }
+        }
+        self.status.health(Health::Stopped);
+        // Keep the policy (and its ConfigMap watch) alive to the end.
+        drop(policy);
+        Ok(())
+    }
+
+    /// Polls one session until it is beyond use or shutdown is asked for.
+    async fn listen(
+        &self,
+        session: &MessageSession,
+        decider: &Decider,
+        memory: &mut Memory,
+    ) -> Ended {
+        if let Some(statistics) = session.statistics() {
+            memory.statistics = Some(statistics);
+        }
+        self.decide(decider, memory).await;
+        let mut last_message_id = 0;
+        loop {
+            let polled = tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => return Ended::Shutdown,
+                polled = session.get_message(last_message_id, self.spec.scale_set.max_runners) => polled,
+            };
+            let handled = match polled {
+                Ok(None) => Ok(()),
+                Ok(Some(message)) => {
+                    let handled = self.handle(session, &message, memory).await;
+                    // Past a message only once it is acknowledged: one
+                    // whose acknowledgement failed is delivered again.
+                    if handled.is_ok() {
+                        last_message_id = message.id;
+                    }
+                    handled
+                }
+                Err(error) => Err(error),
+            };
+            match handled {
+                Ok(()) => memory.attempt = 0,
+                Err(error) if recovery(&error).new_session => return Ended::Renew(error),
+                Err(error) => {
+                    if !self.pause(&error, memory).await {
+                        return Ended::Shutdown;
+                    }
+                    continue;
+                }
+            }
+            self.decide(decider, memory).await;
+        }
+    }
+
+    /// Handles one message in ARC's order: acknowledge, acquire, record.
+    async fn handle(
+        &self,
+        session: &MessageSession,
+        message: &crate::actions::Message,
+        memory: &mut Memory,
+    ) -> Result<(), ActionsError> {
+        let plan = plan_batch(message, Timestamp::now());
+        // Acknowledged first, as ARC does: a message whose jobs cannot be
+        // acquired or recorded must not come back forever and block the
+        // queue behind it. Acquiring and recording twice is harmless, so a
+        // message whose acknowledgement failed is simply handled again.
+        session.delete_message(message.id).await?;
+        if plan.statistics.is_some() {
+            memory.statistics = plan.statistics;
+        }
+
+        let mut acquire = std::mem::take(&mut memory.unacquired);
+        acquire.retain(|id| !plan.completed.iter().any(|c| c.runner_request_id == *id));
+        for id in &plan.acquire {
+            if !acquire.contains(id) {
+                acquire.push(*id);
+            }
+        }
+        if !acquire.is_empty() {
+            match session.acquire_jobs(&acquire).await {
+                Ok(acquired) => tracing::debug!(
+                    scale_set = %self.spec.scale_set.name,
+                    offered = acquire.len(),
+                    acquired = acquired.len(),
+                    "jobs acquired"
+                ),
+                Err(error) if recovery(&error).new_session => return Err(error),
+                Err(error) => {
+                    tracing::warn!(scale_set = %self.spec.scale_set.name, "jobs not acquired, trying again with the next message: {error}");
+                    memory.unacquired = acquire;
+                }
+            }
+        }
+
+        if plan.job_events
+            && let Some(sequence) = memory.sequence.as_mut()
+        {
+            sequence.note_job_events();
+        }
+        for job in plan.started {
+            let runner = job.runner_name.clone();
+            if let Err(error) = self.jobs.job_started(job).await {
+                tracing::warn!(scale_set = %self.spec.scale_set.name, runner, "job start not recorded: {error}");
+            }
+        }
+        for job in plan.completed {
+            let runner = job.runner_name.clone();
+            if let Err(error) = self.jobs.job_completed(job).await {
+                tracing::warn!(scale_set = %self.spec.scale_set.name, runner, "job end not recorded: {error}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Asks the policy and applies its answer.
+    async fn decide(&self, decider: &Decider, memory: &mut Memory) {
+        let observed = match self.target.observe().await {
+            Ok(observed) => observed,
+            Err(error) => return self.target_failed(&error),
+        };
+        let sequence = memory
+            .sequence
+            .get_or_insert_with(|| PatchSequence::resume(observed.patch_id));
+        let input = scaling_input(
+            &self.spec.scale_set,
+            memory.statistics.as_ref(),
+            &observed,
+            Timestamp::now(),
+        );
+        let decided = match decider.scaling(input).await {
+            Ok(decided) => decided,
+            Err(error) => {
+                self.status.health(Health::Retrying {
+                    cause: Cause::PolicyUnavailable,
+                    message: error.to_string(),
+                    retry_in: std::time::Duration::ZERO,
+                });
+                return;
+            }
+        };
+        self.status.decision(DecisionReport {
+            desired: decided.decision.desired,
+            reason: decided.decision.reason.clone(),
+            policy: decided.policy.clone(),
+            fallback_reason: decided.fallback_reason.clone(),
+        });
+        if let Some(patch) = sequence.next(decided.decision.desired) {
+            match self.target.apply(patch).await {
+                Ok(()) => sequence.applied(&patch),
+                Err(error) => return self.target_failed(&error),
+            }
+        }
+        self.status.health(Health::Listening);
+    }
+
+    fn target_failed(&self, error: &ListenerError) {
+        self.status.health(Health::Retrying {
+            cause: Cause::TargetUnavailable,
+            message: error.to_string(),
+            // The next decision comes after the next poll.
+            retry_in: std::time::Duration::ZERO,
+        });
+    }
+
+    /// Reports a failure and waits out the backoff; `false` when shutdown
+    /// was asked for meanwhile.
+    async fn pause(&self, error: &ActionsError, memory: &mut Memory) -> bool {
+        let cause = recovery(error).cause;
+        let delay = self.spec.backoff.delay(memory.attempt, rand::random());
+        memory.attempt = memory.attempt.saturating_add(1);
+        self.status.health(Health::Retrying {
+            cause,
+            message: error.to_string(),
+            retry_in: delay,
+        });
+        tokio::select! {
+            biased;
+            () = self.shutdown.cancelled() => false,
+            () = tokio::time::sleep(delay) => true,
+        }
+    }
+
+    /// Deletes the session, so the next listener of the scale set (this one
+    /// again, or another replica after a failover) need not wait for it to
+    /// expire. A session the service already dropped cannot be deleted;
+    /// that is not worth more than a debug line.
+    async fn close(&self, session: MessageSession) {
+        if let Err(error) = session.close().await {
+            tracing::debug!(scale_set = %self.spec.scale_set.name, "message session not deleted: {error}");
+        }
+    }
+}
