@@ -8,3 +8,4 @@
 
 pub mod actions;
 pub mod policy;
+pub mod unregistration;
