@@ -7,5 +7,6 @@
 #![deny(missing_docs)]
 
 pub mod actions;
+pub mod credentials;
 pub mod policy;
 pub mod unregistration;
