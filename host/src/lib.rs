@@ -8,4 +8,6 @@
 
 pub mod actions;
 pub mod listener;
+pub mod credentials;
 pub mod policy;
+pub mod unregistration;
