@@ -7,7 +7,7 @@
 #![deny(missing_docs)]
 
 pub mod actions;
-pub mod listener;
 pub mod credentials;
+pub mod listener;
 pub mod policy;
 pub mod unregistration;
