@@ -485,8 +485,8 @@ fn ensure_gone(
                 Severity::Warning,
                 "DeregistrationFailed",
                 format!(
-                    "removing registration {runner_id} failed, retrying in {}s: {message}",
-                    settings.removal_retry.as_secs()
+                    "removing registration {runner_id} failed, retrying in {:?}: {message}",
+                    settings.removal_retry
                 ),
             );
             plan.step(Step::CountDeregistration {
@@ -847,10 +847,10 @@ fn failed_start(
             Severity::Warning,
             reason,
             format!(
-                "{why}; failed start {} of {}, recreating the runner in {}s",
+                "{why}; failed start {} of {}, recreating the runner in {:?}",
                 failures.len(),
                 settings.failure_limit,
-                settings.backoff(failures.len()).as_secs()
+                settings.backoff(failures.len())
             ),
         );
         patch.set("phase", json!(EphemeralRunnerPhase::Pending));
