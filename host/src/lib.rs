@@ -7,6 +7,8 @@
 #![deny(missing_docs)]
 
 pub mod actions;
+pub mod api;
+pub mod controllers;
 pub mod credentials;
 pub mod listener;
 pub mod policy;

@@ -173,6 +173,13 @@ pub struct RunnerReference {
     /// The scale set the runner belongs to; 0 for runners outside any.
     #[serde(default)]
     pub runner_scale_set_id: i64,
+    /// `online` once the runner has connected, `offline` before and after;
+    /// what tells a runner that never came up from one that did.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub status: String,
+    /// Whether the runner is executing a job.
+    #[serde(default)]
+    pub busy: bool,
 }
 
 /// What a runner is asked to be named and where it works.

@@ -1,0 +1,308 @@
+//! Carrying out a plan: one API call per step, in order.
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use super::plan::{Plan, REGISTERED, Severity, Step};
+use super::resources::{jit_secret, runner_pod};
+use super::{Context, EphemeralRunnerError, FINALIZER, github_target, kube_error};
+use crate::actions::{ActionsClient, ActionsError, JitConfig, JitRunnerSetting};
+use crate::api::{EphemeralRunner, EphemeralRunnerPhase};
+
+/// Applies `plan`; returns whether the finalizer was removed (the runner is
+/// going away).
+pub(super) async fn apply(
+    runner: &EphemeralRunner,
+    plan: &Plan,
+    ctx: &Context,
+) -> Result<bool, EphemeralRunnerError> {
+    let namespace = runner.namespace().unwrap_or_default();
+    let name = runner.name_any();
+    let client = ctx.deps.client.clone();
+    let runners: Api<EphemeralRunner> = Api::namespaced(client.clone(), &namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let mut finalized = false;
+    for step in &plan.steps {
+        match step {
+            Step::AddFinalizer => {
+                let mut finalizers = runner.finalizers().to_vec();
+                finalizers.push(FINALIZER.to_string());
+                set_finalizers(runner, &runners, finalizers, "add the finalizer").await?;
+            }
+            Step::RemoveFinalizer => {
+                let finalizers = runner
+                    .finalizers()
+                    .iter()
+                    .filter(|f| *f != FINALIZER)
+                    .cloned()
+                    .collect();
+                set_finalizers(runner, &runners, finalizers, "remove the finalizer").await?;
+                finalized = true;
+            }
+            Step::PatchStatus(status) => {
+                runners
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+                    .await
+                    .map_err(kube_error("patch the runner status"))?;
+            }
+            Step::Register => register(runner, ctx, &runners, &secrets).await?,
+            Step::CreatePod => {
+                let pod = runner_pod(runner, &ctx.config.user_agent);
+                match pods.create(&PostParams::default(), &pod).await {
+                    Ok(_) => {
+                        publish(
+                            ctx,
+                            runner,
+                            Severity::Normal,
+                            "CreatedPod",
+                            format!("created runner pod {name}"),
+                        )
+                        .await;
+                    }
+                    // An older pod of the same name is still terminating; its
+                    // deletion wakes the next reconcile.
+                    Err(kube::Error::Api(e)) if e.code == 409 => {}
+                    Err(kube::Error::Api(e)) if e.code == 422 => {
+                        let message = format!("the runner pod is invalid: {}", e.message);
+                        let status = json!({"status": {
+                            "phase": EphemeralRunnerPhase::Failed, "reason": "InvalidPod", "message": message,
+                        }});
+                        runners
+                            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                            .await
+                            .map_err(kube_error("patch the runner status"))?;
+                        publish(ctx, runner, Severity::Warning, "InvalidPod", message).await;
+                    }
+                    Err(e) => return Err(kube_error("create the runner pod")(e)),
+                }
+            }
+            Step::DeletePod { uid } => {
+                delete(&pods, &name, uid, None, "delete the runner pod").await?
+            }
+            Step::ForceDeletePod { uid } => {
+                delete(&pods, &name, uid, Some(0), "force-delete the runner pod").await?;
+            }
+            Step::DeleteSecret => match secrets.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(kube_error("delete the JIT config Secret")(e)),
+            },
+            Step::Deregister { runner_id } => {
+                ctx.pool
+                    .push(ctx.key(runner, *runner_id), github_target(runner));
+            }
+            Step::Event {
+                severity,
+                reason,
+                note,
+            } => {
+                publish(ctx, runner, *severity, reason, note.clone()).await;
+            }
+            Step::CountDeregistration { verdict, outcome } => {
+                ctx.deps.metrics.deregistration(verdict, outcome);
+            }
+        }
+    }
+    Ok(finalized)
+}
+
+/// Writes the finalizer list, on the condition that the runner is still the
+/// version read (the resourceVersion makes the merge patch conditional), so
+/// a finalizer another controller added meanwhile is never dropped.
+async fn set_finalizers(
+    runner: &EphemeralRunner,
+    api: &Api<EphemeralRunner>,
+    finalizers: Vec<String>,
+    action: &'static str,
+) -> Result<(), EphemeralRunnerError> {
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": runner.resource_version(),
+    }});
+    match api
+        .patch(
+            &runner.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Gone already: nothing to hold.
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(kube_error(action)(e)),
+    }
+}
+
+async fn delete(
+    pods: &Api<Pod>,
+    name: &str,
+    uid: &str,
+    grace: Option<u32>,
+    action: &'static str,
+) -> Result<(), EphemeralRunnerError> {
+    let params = DeleteParams {
+        grace_period_seconds: grace,
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match pods.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        // Gone, or a newer pod of the same name: not ours to delete.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(kube_error(action)(e)),
+    }
+}
+
+/// Publishes an event on the runner. Best effort: an event that cannot be
+/// written is logged, never a reason to fail the reconcile.
+pub(super) async fn publish(
+    ctx: &Context,
+    runner: &EphemeralRunner,
+    severity: Severity,
+    reason: &str,
+    note: String,
+) {
+    let event = Event {
+        type_: match severity {
+            Severity::Normal => EventType::Normal,
+            Severity::Warning => EventType::Warning,
+        },
+        reason: reason.to_string(),
+        note: Some(note),
+        action: "Reconcile".to_string(),
+        secondary: None,
+    };
+    if let Err(error) = ctx.recorder.publish(&event, &runner.object_ref(&())).await {
+        tracing::warn!(runner = %runner.name_any(), %error, "publishing an event failed");
+    }
+}
+
+/// Registers the runner and stores its JIT config in its Secret, once.
+///
+/// A registration of this name that already exists in the scale set is one
+/// an earlier attempt made and lost before writing the Secret (a crash, a
+/// timeout after the service acted): its config cannot be read back, so it
+/// is removed and the runner registered again. It is never left behind.
+async fn register(
+    runner: &EphemeralRunner,
+    ctx: &Context,
+    runners: &Api<EphemeralRunner>,
+    secrets: &Api<Secret>,
+) -> Result<(), EphemeralRunnerError> {
+    let name = runner.name_any();
+    let scale_set = runner.spec.runner_scale_set_id;
+    let client = ctx.deps.clients.get(&github_target(runner)).await?;
+    let setting = JitRunnerSetting {
+        name: name.clone(),
+        work_folder: String::new(),
+    };
+    let jit = match client.generate_jit_runner_config(scale_set, &setting).await {
+        Ok(jit) => jit,
+        Err(ActionsError::RunnerExists { .. }) => {
+            remove_stale(runner, ctx, &client).await?;
+            client
+                .generate_jit_runner_config(scale_set, &setting)
+                .await?
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let runner_id = jit.runner.id;
+    let secret = jit_secret(runner, runner_id, &jit.runner.name, jit_value(&jit));
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => {}
+        Err(error) => {
+            // The registration is useless without its Secret: remove it
+            // rather than leak it. Best effort; the next attempt's
+            // RunnerExists path removes it otherwise.
+            if let Err(removal) = client.remove_runner(runner_id).await {
+                tracing::warn!(runner = %name, runner_id, error = %removal, "removing a registration whose Secret could not be written");
+            }
+            return Err(kube_error("create the JIT config Secret")(error));
+        }
+    }
+    let now = jiff::Timestamp::now();
+    let mut conditions = runner
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
+    conditions.retain(|c| c.type_ != REGISTERED && c.type_ != super::plan::ONLINE);
+    conditions.push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        type_: REGISTERED.to_string(),
+        status: "True".to_string(),
+        reason: "JitConfigCreated".to_string(),
+        message: format!("registered as runner {runner_id}"),
+        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
+        observed_generation: None,
+    });
+    let status = json!({"status": {
+        "runnerId": runner_id,
+        "runnerName": jit.runner.name,
+        "phase": EphemeralRunnerPhase::Pending,
+        "ready": false,
+        "conditions": conditions,
+    }});
+    runners
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .map_err(kube_error("patch the runner status"))?;
+    publish(
+        ctx,
+        runner,
+        Severity::Normal,
+        "Registered",
+        format!("registered as runner {runner_id} in scale set {scale_set}; its JIT config is in Secret {name}"),
+    )
+    .await;
+    Ok(())
+}
+
+/// The encoded config, only ever handed to the Secret.
+fn jit_value(jit: &JitConfig) -> &str {
+    jit.encoded_jit_config.expose()
+}
+
+/// Removes the registration an earlier attempt left under this runner's
+/// name, if it is in the runner's scale set.
+async fn remove_stale(
+    runner: &EphemeralRunner,
+    ctx: &Context,
+    client: &ActionsClient,
+) -> Result<(), EphemeralRunnerError> {
+    let name = runner.name_any();
+    let ours = runner.spec.runner_scale_set_id;
+    match client.get_runner_by_name(&name).await? {
+        Some(found) if found.runner_scale_set_id == ours => {
+            match client.remove_runner(found.id).await {
+                Ok(()) | Err(ActionsError::RunnerNotFound { .. }) => {}
+                Err(error) => return Err(error.into()),
+            }
+            publish(
+                ctx,
+                runner,
+                Severity::Normal,
+                "StaleRegistrationRemoved",
+                format!(
+                    "registration {} of this runner was left by an earlier attempt without its JIT config; removed it",
+                    found.id
+                ),
+            )
+            .await;
+            Ok(())
+        }
+        Some(found) => Err(EphemeralRunnerError::NameTakenElsewhere {
+            name,
+            other: found.runner_scale_set_id,
+            ours,
+        }),
+        None => Err(EphemeralRunnerError::NameTakenButAbsent(name)),
+    }
+}

@@ -1,0 +1,342 @@
+//! The EphemeralRunner controller: registers a runner once, runs it in a pod
+//! built from its template, follows the pod into the status, and removes the
+//! registration before the pod whenever the pod has to go.
+//!
+//! Each reconcile reads the runner, its pod and its JIT config Secret
+//! ([`observe`](self)), turns them into a [`plan::Plan`] with the pure
+//! [`plan::plan`], and applies it step by step ([`apply`](self)). The reads
+//! go to the API server rather than a cache: a stale cache could say the
+//! Secret is missing right after it was written, and the runner would be
+//! registered twice.
+//!
+//! Removals go through the [`UnregistrationPool`] (seed 000), never through
+//! the reconcile: a reconcile never waits on the Actions service to remove a
+//! registration. The pool wakes the runner's reconcile when it is done
+//! (`on_finished`), which is when the pod may go.
+
+mod apply;
+mod observe;
+pub mod plan;
+pub mod resources;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::runtime::controller::{self, Action};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client, ResourceExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::actions::ActionsError;
+use crate::api::{EphemeralRunner, labels};
+use crate::controllers::metrics::{ControllerMetrics, RunnerLabels};
+use crate::credentials::{
+    ActionsClients, ActionsRemover, CredentialsError, GitHubTarget, ProxyTarget,
+};
+use crate::policy::loader::{LoadedPolicy, PolicyLoader, PolicyRef};
+use crate::policy::{PolicyError, PolicyKind, PolicyReporter};
+use crate::unregistration::{PoolConfig, UnregistrationKey, UnregistrationPool};
+
+/// The finalizer that holds an EphemeralRunner until its registration, pod
+/// and Secret are gone.
+pub const FINALIZER: &str = "arcwright.dev/ephemeral-runner";
+
+/// The controller's name in metrics, events and field managers.
+pub const CONTROLLER: &str = "ephemeral-runner";
+
+/// Everything that can fail in a reconcile. Each variant is retried by the
+/// controller with a delay; none carries a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum EphemeralRunnerError {
+    /// A Kubernetes API call failed.
+    #[error("the Kubernetes API refused to {action}: {source}")]
+    Kube {
+        /// What was being done.
+        action: &'static str,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// The GitHub credentials could not be resolved.
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+    /// The Actions service refused or failed.
+    #[error(transparent)]
+    Actions(#[from] ActionsError),
+    /// The deregistration policy could not decide, not even its default.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// The runner's name is registered in another scale set: removing that
+    /// registration would take a runner away from someone else.
+    #[error(
+        "a runner named {name:?} is registered in scale set {other}, not {ours}; it is left alone"
+    )]
+    NameTakenElsewhere {
+        /// The name.
+        name: String,
+        /// The scale set holding it.
+        other: i64,
+        /// The runner's scale set.
+        ours: i64,
+    },
+    /// The service said the name was taken, but then did not find it.
+    #[error("the service reported the runner name {0:?} taken but does not find it; retrying")]
+    NameTakenButAbsent(String),
+}
+
+impl EphemeralRunnerError {
+    /// A stable label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Kube { .. } => "kube",
+            Self::Credentials(_) => "credentials",
+            Self::Actions(e) => e.metric_label(),
+            Self::Policy(_) => "policy",
+            Self::NameTakenElsewhere { .. } => "name_taken_elsewhere",
+            Self::NameTakenButAbsent(_) => "name_taken_but_absent",
+        }
+    }
+}
+
+fn kube_error(action: &'static str) -> impl FnOnce(kube::Error) -> EphemeralRunnerError {
+    move |source| EphemeralRunnerError::Kube { action, source }
+}
+
+/// How the controller runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Watch one namespace, or all when `None`.
+    pub namespace: Option<String>,
+    /// The plan's knobs (backoff, timeouts).
+    pub settings: plan::Settings,
+    /// The unregistration pool's knobs.
+    pub pool: PoolConfig,
+    /// Reconciles running at once (ARC's default is 2; runners are
+    /// independent, so more is safe).
+    pub concurrency: u16,
+    /// What runners send as `GITHUB_ACTIONS_RUNNER_EXTRA_USER_AGENT`.
+    pub user_agent: String,
+    /// The delay before a failed reconcile is retried.
+    pub error_retry: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            settings: plan::Settings::default(),
+            pool: PoolConfig::default(),
+            concurrency: 8,
+            user_agent: format!("arcwright/{}", env!("CARGO_PKG_VERSION")),
+            error_retry: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What the controller shares with the rest of the process.
+#[derive(Clone)]
+pub struct Dependencies {
+    /// The Kubernetes client.
+    pub client: Client,
+    /// One Actions client per credential.
+    pub clients: ActionsClients,
+    /// Loads the deregistration policies.
+    pub loader: PolicyLoader,
+    /// Hears what happens to policies (logs, `arcwright_policy_failures_total`).
+    pub reporter: Arc<dyn PolicyReporter>,
+    /// The reconcilers' metrics.
+    pub metrics: ControllerMetrics,
+}
+
+/// What every reconcile reads.
+pub(crate) struct Context {
+    deps: Dependencies,
+    config: Config,
+    pool: Arc<UnregistrationPool<ActionsRemover>>,
+    recorder: Recorder,
+    /// Loaded deregistration policies by namespace and reference, so a
+    /// reference shared by thousands of runners is compiled and watched once.
+    policies: Mutex<HashMap<(String, String), Arc<LoadedPolicy>>>,
+}
+
+impl Context {
+    fn key(&self, runner: &EphemeralRunner, runner_id: i64) -> UnregistrationKey {
+        UnregistrationKey {
+            namespace: runner.namespace().unwrap_or_default(),
+            name: runner.name_any(),
+            runner_id,
+        }
+    }
+
+    async fn deregistration_policy(
+        &self,
+        namespace: &str,
+        reference: Option<&PolicyRef>,
+    ) -> Result<Arc<LoadedPolicy>, PolicyError> {
+        let key = (
+            namespace.to_string(),
+            serde_json::to_string(&reference).unwrap_or_default(),
+        );
+        if let Some(loaded) = self.lock_policies().get(&key) {
+            return Ok(loaded.clone());
+        }
+        let loaded = Arc::new(
+            self.deps
+                .loader
+                .load(
+                    PolicyKind::Deregistration,
+                    namespace,
+                    reference,
+                    self.deps.reporter.clone(),
+                )
+                .await?,
+        );
+        Ok(self.lock_policies().entry(key).or_insert(loaded).clone())
+    }
+
+    fn lock_policies(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(String, String), Arc<LoadedPolicy>>> {
+        self.policies.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Where a runner's GitHub configuration lives, for the credentials and the
+/// pool.
+pub fn github_target(runner: &EphemeralRunner) -> GitHubTarget {
+    let spec = &runner.spec;
+    GitHubTarget {
+        namespace: runner.namespace().unwrap_or_default(),
+        config_url: spec.github_config_url.clone(),
+        secret_name: spec.github_config_secret.clone(),
+        proxy: spec.proxy.as_ref().map(|proxy| ProxyTarget {
+            http_url: proxy.http.as_ref().map(|p| p.url.clone()),
+            https_url: proxy.https.as_ref().map(|p| p.url.clone()),
+            no_proxy: proxy.no_proxy.clone(),
+            credential_secret: proxy
+                .https
+                .as_ref()
+                .and_then(|p| p.credential_secret_ref.clone())
+                .or_else(|| {
+                    proxy
+                        .http
+                        .as_ref()
+                        .and_then(|p| p.credential_secret_ref.clone())
+                }),
+        }),
+        ca_config_map: spec
+            .github_server_tls
+            .as_ref()
+            .and_then(|tls| tls.certificate_from.as_ref())
+            .and_then(|from| from.config_map_key_ref.as_ref())
+            .map(|r| (r.name.clone(), r.key.clone())),
+    }
+}
+
+async fn reconcile(
+    runner: Arc<EphemeralRunner>,
+    ctx: Arc<Context>,
+) -> Result<Action, EphemeralRunnerError> {
+    let _timer = ctx.deps.metrics.time(CONTROLLER);
+    let namespace = runner.namespace().unwrap_or_default();
+    let name = runner.name_any();
+    let plan = observe::observe_and_plan(&runner, &ctx).await?;
+    tracing::debug!(runner = %name, %namespace, ?plan, "reconciled");
+    let finalized = apply::apply(&runner, &plan, &ctx).await?;
+    let scale_set = runner
+        .labels()
+        .get(labels::SCALE_SET_NAME)
+        .cloned()
+        .unwrap_or_default();
+    let counted = (!finalized).then(|| RunnerLabels {
+        namespace: namespace.clone(),
+        scale_set,
+        phase: runner
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .unwrap_or_default()
+            .as_str()
+            .to_string(),
+    });
+    ctx.deps.metrics.runner(&namespace, &name, counted);
+    Ok(match plan.requeue {
+        Some(after) => Action::requeue(after),
+        // A periodic look even when nothing is expected: the pool's outcomes
+        // are kept in memory only, and a missed wake-up must not strand a
+        // runner.
+        None => Action::requeue(Duration::from_secs(300)),
+    })
+}
+
+fn error_policy(
+    runner: Arc<EphemeralRunner>,
+    error: &EphemeralRunnerError,
+    ctx: Arc<Context>,
+) -> Action {
+    tracing::warn!(runner = %runner.name_any(), error = %error, "reconcile failed; retrying");
+    ctx.deps.metrics.error(CONTROLLER, error.metric_label());
+    Action::requeue(ctx.config.error_retry)
+}
+
+/// Runs the controller and its unregistration pool until `shutdown` is
+/// cancelled.
+pub async fn run(deps: Dependencies, config: Config, shutdown: CancellationToken) {
+    let client = deps.client.clone();
+    let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
+    let pool = UnregistrationPool::new(
+        ActionsRemover::new(deps.clients.clone()),
+        config.pool.clone(),
+        move |finished: crate::unregistration::Finished| {
+            let key = finished.key;
+            let _ = wake.send(ObjectRef::<EphemeralRunner>::new(&key.name).within(&key.namespace));
+        },
+    );
+    let pool_task = tokio::spawn(pool.clone().run(shutdown.clone()));
+    let (runners, pods, secrets): (Api<EphemeralRunner>, Api<Pod>, Api<Secret>) =
+        match &config.namespace {
+            Some(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+            ),
+            None => (
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+            ),
+        };
+    let owned = watcher::Config::default().labels(&format!("{}=arcwright", labels::MANAGED_BY));
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: format!("arcwright-{CONTROLLER}"),
+                instance: None,
+            },
+        ),
+        deps,
+        pool,
+        policies: Mutex::new(HashMap::new()),
+        config: config.clone(),
+    });
+    let woken = futures::stream::unfold(woken, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    Controller::new(runners, watcher::Config::default())
+        .owns(pods, owned.clone())
+        .owns(secrets, owned)
+        .reconcile_on(woken)
+        .with_config(controller::Config::default().concurrency(config.concurrency))
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
+    shutdown.cancel();
+    let _ = pool_task.await;
+}

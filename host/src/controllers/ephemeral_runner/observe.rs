@@ -1,0 +1,175 @@
+//! Reading what a reconcile decides on, and asking the costly questions the
+//! plan asks for.
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::{Api, Resource, ResourceExt};
+
+use super::plan::{
+    self, Need, Observed, PodView, PoolView, Presence, RUNNER_CONTAINER, RunnerContainer,
+    VerdictView,
+};
+use super::resources::read_jit_secret;
+use super::{Context, EphemeralRunnerError, FINALIZER, github_target, kube_error};
+use crate::actions::ActionsError;
+use crate::api::EphemeralRunner;
+use crate::unregistration::Removal;
+
+/// Whether `object` is owned by `runner` (a same-named object someone else
+/// made is not the runner's to use or delete).
+fn owned_by<K: Resource>(object: &K, runner: &EphemeralRunner) -> bool {
+    let uid = runner.meta().uid.as_deref();
+    object
+        .owner_references()
+        .iter()
+        .any(|o| Some(o.uid.as_str()) == uid)
+}
+
+/// The pod as the plan sees it.
+pub(super) fn pod_view(pod: &Pod) -> PodView {
+    let status = pod.status.clone().unwrap_or_default();
+    let runner = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == RUNNER_CONTAINER)
+        .and_then(|c| c.state.as_ref())
+        .map_or(RunnerContainer::Waiting, |state| {
+            if let Some(t) = &state.terminated {
+                RunnerContainer::Terminated {
+                    exit_code: t.exit_code,
+                    reason: t.reason.clone().unwrap_or_default(),
+                }
+            } else if state.running.is_some() {
+                RunnerContainer::Running
+            } else {
+                RunnerContainer::Waiting
+            }
+        });
+    let init_failed = status.init_container_statuses.iter().flatten().any(|c| {
+        c.state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .is_some_and(|t| t.exit_code != 0)
+    });
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let failed = status.phase.as_deref() == Some("Failed");
+    let failure_message = failed.then(|| {
+        format!(
+            "{}: {}",
+            status.reason.clone().unwrap_or_else(|| "Failed".into()),
+            status.message.clone().unwrap_or_default()
+        )
+    });
+    PodView {
+        uid: pod.uid().unwrap_or_default(),
+        created: pod
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or_else(Timestamp::now, |t| t.0),
+        deleting_since: pod.metadata.deletion_timestamp.as_ref().map(|t| t.0),
+        runner,
+        failed,
+        init_failed,
+        ready,
+        failure_message,
+    }
+}
+
+/// Reads the runner's pod and Secret, asks the pool about its registration,
+/// and runs the plan, answering what it needs until it decides.
+pub(super) async fn observe_and_plan(
+    runner: &EphemeralRunner,
+    ctx: &Context,
+) -> Result<plan::Plan, EphemeralRunnerError> {
+    let namespace = runner.namespace().unwrap_or_default();
+    let name = runner.name_any();
+    let pods: Api<Pod> = Api::namespaced(ctx.deps.client.clone(), &namespace);
+    let secrets: Api<Secret> = Api::namespaced(ctx.deps.client.clone(), &namespace);
+    let pod = pods
+        .get_opt(&name)
+        .await
+        .map_err(kube_error("read the runner pod"))?
+        .filter(|p| owned_by(p, runner));
+    let secret = secrets
+        .get_opt(&name)
+        .await
+        .map_err(kube_error("read the JIT config Secret"))?
+        .filter(|s| owned_by(s, runner));
+    let secret_view = secret.as_ref().and_then(read_jit_secret);
+    let status_id = runner.status.as_ref().map_or(0, |s| s.runner_id);
+    let runner_id = if status_id != 0 {
+        status_id
+    } else {
+        secret_view.as_ref().map_or(0, |s| s.runner_id)
+    };
+    let pool = if runner_id == 0 {
+        PoolView::Idle
+    } else {
+        let key = ctx.key(runner, runner_id);
+        if ctx.pool.is_claimed(&key) {
+            PoolView::Claimed
+        } else {
+            match ctx.pool.take_finished(&key) {
+                None => PoolView::Idle,
+                Some(Removal::Removed) => PoolView::Removed,
+                Some(Removal::NotFound) => PoolView::NotFound,
+                // The pool hands JobStillRunning back to itself; seen here
+                // only if that changes, and then it means "not yet".
+                Some(Removal::JobStillRunning) => PoolView::Claimed,
+                Some(Removal::Failed(message)) => PoolView::Failed(message),
+            }
+        }
+    };
+    let mut observed = Observed {
+        runner,
+        pod: pod.as_ref().map(pod_view),
+        // A Secret without a complete config is as good as none: it is
+        // replaced when the runner registers.
+        secret: secret_view,
+        pool,
+        verdict: None,
+        presence: None,
+        now: Timestamp::now(),
+    };
+    // Each need is answered once, so this ends after at most three rounds.
+    for _ in 0..3 {
+        match plan::plan(&observed, &ctx.config.settings, FINALIZER) {
+            Ok(plan) => return Ok(plan),
+            Err(Need::Verdict(ending)) => {
+                let loaded = ctx
+                    .deregistration_policy(
+                        &namespace,
+                        runner.spec.policies.deregistration_policy.as_ref(),
+                    )
+                    .await?;
+                let decided = loaded.decider().deregistration(ending).await?;
+                observed.verdict = Some(VerdictView {
+                    verdict: decided.decision.verdict,
+                    fallback_reason: decided.fallback_reason,
+                });
+            }
+            Err(Need::Presence(runner_id)) => {
+                let client = ctx.deps.clients.get(&github_target(runner)).await?;
+                observed.presence = Some(match client.get_runner(runner_id).await {
+                    Ok(found) if found.status.eq_ignore_ascii_case("online") || found.busy => {
+                        Presence::Online
+                    }
+                    Ok(_) => Presence::Offline,
+                    Err(ActionsError::RunnerNotFound { .. }) => Presence::Absent,
+                    Err(error) => return Err(error.into()),
+                });
+            }
+        }
+    }
+    // Unreachable with a well-formed plan; answered as "look again".
+    Ok(plan::Plan {
+        steps: Vec::new(),
+        requeue: Some(ctx.config.error_retry),
+    })
+}

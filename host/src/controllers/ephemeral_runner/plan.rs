@@ -1,0 +1,1578 @@
+//! The decision of one reconcile, as a pure function of what was observed.
+//!
+//! [`plan`] reads a snapshot ([`Observed`]: the runner, its pod, its Secret,
+//! what the unregistration pool says, the clock) and returns the [`Step`]s
+//! to take, in order. It performs no I/O, so every rule below is a row in a
+//! table test. When a rule needs an answer that costs something to get (the
+//! deregistration policy's verdict, or whether the service sees the runner
+//! online), the plan asks for it ([`Need`]) and is run again with it; the
+//! costly questions are asked only when the answer decides something.
+//!
+//! The rule everything else bends around (seeds 001/002): **a runner pod is
+//! never deleted while its registration may still be handed a job.** Every
+//! path that removes a pod (the runner finished, it failed before it ran and
+//! is recreated, it never registered, the EphemeralRunner is deleted) first
+//! makes sure the registration is gone: the runner removed it itself (the
+//! policy's `self-deregistered`), or the pool reported it removed or not
+//! found. Only then are the pod and the Secret deleted. The one exception is
+//! a pod already terminating past the bound (its node is lost): it is
+//! force-deleted, since nothing arcwright does can make that runner take a
+//! job any more, and leaving it would hold the runner forever.
+//!
+//! The `Registered` condition records, across reconciles and restarts,
+//! whether the registration of `status.runnerId` exists. It turns False
+//! only on proof (removed, not found, self-deregistered, never registered)
+//! and True when a new JIT config is created, which happens only once the
+//! previous registration is gone, so it always describes the current id.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use serde_json::json;
+
+use crate::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerStatus};
+use crate::policy::types::{RunnerEnding, RunnerPhase, Verdict};
+
+/// The name of the container the runner runs in (ARC's).
+pub const RUNNER_CONTAINER: &str = "runner";
+
+/// Exit code of a runner whose version the service no longer accepts.
+pub const OUTDATED_EXIT_CODE: i32 = 7;
+
+/// The condition saying whether the registration of `status.runnerId` exists.
+pub const REGISTERED: &str = "Registered";
+
+/// The condition saying the service has seen the runner online, so the
+/// registration timeout no longer applies.
+pub const ONLINE: &str = "RunnerOnline";
+
+/// The condition saying the deregistration policy failed and the bundled
+/// default decided.
+pub const POLICY_FALLBACK: &str = "DeregistrationPolicyFallback";
+
+/// The knobs of the rules, with ARC's values as defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Failed starts before the runner is marked Failed (ARC: 5).
+    pub failure_limit: usize,
+    /// The wait before the second start; doubled for each further failure
+    /// (ARC: 5 s, 10 s, 20 s, 40 s, 80 s).
+    pub backoff_base: Duration,
+    /// The longest wait between starts.
+    pub backoff_max: Duration,
+    /// How long a runner pod may exist without the service seeing the runner
+    /// online before the runner is removed and recreated.
+    pub registration_timeout: Duration,
+    /// How long a pod may stay terminating before it is force-deleted.
+    pub terminating_timeout: Duration,
+    /// How often to look again while the pool works on a removal; the pool
+    /// wakes the reconciler when it is done, so this is only a backstop.
+    pub removal_recheck: Duration,
+    /// The wait before a removal the pool gave up on is pushed again.
+    pub removal_retry: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            failure_limit: 5,
+            backoff_base: Duration::from_secs(5),
+            backoff_max: Duration::from_secs(80),
+            registration_timeout: Duration::from_secs(10 * 60),
+            terminating_timeout: Duration::from_secs(60),
+            removal_recheck: Duration::from_secs(30),
+            removal_retry: Duration::from_secs(15),
+        }
+    }
+}
+
+impl Settings {
+    /// The wait after the `failures`-th failed start.
+    pub fn backoff(&self, failures: usize) -> Duration {
+        if failures == 0 {
+            return Duration::ZERO;
+        }
+        let exponent = u32::try_from(failures - 1).unwrap_or(u32::MAX).min(16);
+        self.backoff_base
+            .saturating_mul(1 << exponent)
+            .min(self.backoff_max)
+    }
+}
+
+/// The runner container as the pod reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunnerContainer {
+    /// No status yet, or waiting (pulling, creating).
+    Waiting,
+    /// Running.
+    Running,
+    /// Terminated.
+    Terminated {
+        /// Its exit code.
+        exit_code: i32,
+        /// The kubelet's reason (`Completed`, `Error`, `OOMKilled`).
+        reason: String,
+    },
+}
+
+/// What the plan needs to know about the runner pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodView {
+    /// Its uid (names are reused when the pod is recreated).
+    pub uid: String,
+    /// When it was created.
+    pub created: Timestamp,
+    /// When its deletion was requested, if it was.
+    pub deleting_since: Option<Timestamp>,
+    /// The runner container.
+    pub runner: RunnerContainer,
+    /// The pod phase is Failed (evicted, a failed init container...).
+    pub failed: bool,
+    /// An init container terminated non-zero.
+    pub init_failed: bool,
+    /// The pod's Ready condition.
+    pub ready: bool,
+    /// The pod's reason and message when it failed, for events.
+    pub failure_message: Option<String>,
+}
+
+/// The non-secret half of the JIT config Secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretView {
+    /// The registration the Secret holds the config of.
+    pub runner_id: i64,
+    /// Its name.
+    pub runner_name: String,
+}
+
+/// What the unregistration pool says about the registration of the current
+/// runner id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolView {
+    /// Nothing queued or being worked, and no outcome waiting.
+    Idle,
+    /// Queued, being worked, or waiting out JobStillRunning.
+    Claimed,
+    /// The service removed it.
+    Removed,
+    /// The service did not know it: already gone.
+    NotFound,
+    /// The pool gave up on it; the message says why (no secret in it).
+    Failed(String),
+}
+
+/// Whether the service sees the runner online (asked only once the
+/// registration timeout has passed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Presence {
+    /// Online: it registered.
+    Online,
+    /// Registered but never came online.
+    Offline,
+    /// The service has no such runner.
+    Absent,
+}
+
+/// The deregistration policy's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerdictView {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// Why the configured policy did not answer, when the default did.
+    pub fallback_reason: Option<String>,
+}
+
+/// Everything one reconcile saw.
+#[derive(Clone, Debug)]
+pub struct Observed<'a> {
+    /// The runner.
+    pub runner: &'a EphemeralRunner,
+    /// Its pod.
+    pub pod: Option<PodView>,
+    /// Its JIT config Secret.
+    pub secret: Option<SecretView>,
+    /// The pool's view of the current registration.
+    pub pool: PoolView,
+    /// The deregistration verdict, when the plan asked for it.
+    pub verdict: Option<VerdictView>,
+    /// Whether the runner is online, when the plan asked for it.
+    pub presence: Option<Presence>,
+    /// Now.
+    pub now: Timestamp,
+}
+
+/// An answer the plan needs before it can decide.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// Ask the deregistration policy about this ending.
+    Verdict(RunnerEnding),
+    /// Ask the service whether this runner id is online.
+    Presence(i64),
+}
+
+/// Whether an event is a warning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    /// Something a user may want to know.
+    Normal,
+    /// Something went wrong.
+    Warning,
+}
+
+/// One thing to do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Add the finalizer.
+    AddFinalizer,
+    /// Remove the finalizer: everything the runner owned is gone.
+    RemoveFinalizer,
+    /// Merge-patch the status with this JSON.
+    PatchStatus(serde_json::Value),
+    /// Register the runner (a JIT config), store it in its Secret and record
+    /// the registration in the status.
+    Register,
+    /// Create the runner pod from the template.
+    CreatePod,
+    /// Delete the pod with this uid.
+    DeletePod {
+        /// The pod's uid, so a newer pod of the same name is never hit.
+        uid: String,
+    },
+    /// Delete the pod with this uid now, with grace 0.
+    ForceDeletePod {
+        /// The pod's uid.
+        uid: String,
+    },
+    /// Delete the JIT config Secret.
+    DeleteSecret,
+    /// Hand the removal of this registration to the pool.
+    Deregister {
+        /// The registration.
+        runner_id: i64,
+    },
+    /// Publish an event on the runner.
+    Event {
+        /// Normal or warning.
+        severity: Severity,
+        /// A PascalCase reason.
+        reason: &'static str,
+        /// What happened, for people; never a secret.
+        note: String,
+    },
+    /// Count a deregistration in the metrics.
+    CountDeregistration {
+        /// The verdict (`self-deregistered`, `remove-now`, ...).
+        verdict: &'static str,
+        /// How it ended (`skipped`, `removed`, `not-found`, `failed`).
+        outcome: &'static str,
+    },
+}
+
+/// The steps of one reconcile and when to look again.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    /// What to do, in order.
+    pub steps: Vec<Step>,
+    /// Look again after this long even if nothing changes.
+    pub requeue: Option<Duration>,
+}
+
+impl Plan {
+    fn step(&mut self, step: Step) {
+        self.steps.push(step);
+    }
+
+    fn event(&mut self, severity: Severity, reason: &'static str, note: impl Into<String>) {
+        self.steps.push(Step::Event {
+            severity,
+            reason,
+            note: note.into(),
+        });
+    }
+
+    fn requeue_after(&mut self, after: Duration) {
+        self.requeue = Some(self.requeue.map_or(after, |r| r.min(after)));
+    }
+}
+
+/// A status being assembled: only the fields the plan changes are patched.
+struct StatusPatch {
+    current: serde_json::Value,
+    fields: serde_json::Map<String, serde_json::Value>,
+    conditions: Vec<Condition>,
+    conditions_changed: bool,
+}
+
+impl StatusPatch {
+    fn new(status: &EphemeralRunnerStatus) -> Self {
+        Self {
+            current: serde_json::to_value(status).unwrap_or_default(),
+            fields: serde_json::Map::new(),
+            conditions: status.conditions.clone(),
+            conditions_changed: false,
+        }
+    }
+
+    /// Sets a field, unless it already has that value (a patch that
+    /// changes nothing would still wake every watcher of the runner).
+    fn set(&mut self, key: &str, value: serde_json::Value) {
+        let current = self.current.get(key).unwrap_or(&serde_json::Value::Null);
+        if *current == value {
+            self.fields.remove(key);
+        } else {
+            self.fields.insert(key.to_string(), value);
+        }
+    }
+
+    fn condition(
+        &mut self,
+        type_: &str,
+        status: bool,
+        reason: &str,
+        message: &str,
+        now: Timestamp,
+    ) {
+        let status = if status { "True" } else { "False" };
+        if let Some(existing) = self.conditions.iter_mut().find(|c| c.type_ == type_) {
+            if existing.status == status && existing.reason == reason && existing.message == message
+            {
+                return;
+            }
+            if existing.status != status {
+                existing.last_transition_time = Time(now);
+            }
+            existing.status = status.to_string();
+            existing.reason = reason.to_string();
+            existing.message = message.to_string();
+        } else {
+            self.conditions.push(Condition {
+                type_: type_.to_string(),
+                status: status.to_string(),
+                reason: reason.to_string(),
+                message: message.to_string(),
+                last_transition_time: Time(now),
+                observed_generation: None,
+            });
+        }
+        self.conditions_changed = true;
+    }
+
+    fn into_step(mut self) -> Option<Step> {
+        if self.conditions_changed {
+            self.fields
+                .insert("conditions".into(), json!(self.conditions));
+        }
+        (!self.fields.is_empty()).then(|| Step::PatchStatus(json!({ "status": self.fields })))
+    }
+}
+
+/// Whether the registration is gone, and if not, what is being done.
+enum Registration {
+    Gone,
+    Pending,
+}
+
+fn is_true(status: &EphemeralRunnerStatus, type_: &str) -> Option<bool> {
+    status.condition(type_).map(|c| c.status == "True")
+}
+
+/// The verdict a removal in progress was requested with, from the reason
+/// the `Registered` condition recorded when it was handed to the pool.
+fn requested_verdict(status: &EphemeralRunnerStatus) -> &'static str {
+    match status.condition(REGISTERED).map(|c| c.reason.as_str()) {
+        Some("RemoveAfterJob") => "remove-after-job",
+        _ => "remove-now",
+    }
+}
+
+fn verdict_label(verdict: Verdict) -> &'static str {
+    match verdict {
+        Verdict::SelfDeregistered => "self-deregistered",
+        Verdict::RemoveNow => "remove-now",
+        Verdict::RemoveAfterJob => "remove-after-job",
+    }
+}
+
+/// How the runner ended, for the deregistration policy.
+fn ending(
+    runner: &EphemeralRunner,
+    status: &EphemeralRunnerStatus,
+    runner_id: i64,
+) -> RunnerEnding {
+    let phase = match status.phase.unwrap_or_default() {
+        EphemeralRunnerPhase::Pending => RunnerPhase::Pending,
+        EphemeralRunnerPhase::Running => RunnerPhase::Running,
+        EphemeralRunnerPhase::Succeeded => RunnerPhase::Succeeded,
+        EphemeralRunnerPhase::Failed => RunnerPhase::Failed,
+        EphemeralRunnerPhase::Outdated => RunnerPhase::Outdated,
+    };
+    RunnerEnding {
+        name: runner.metadata.name.clone().unwrap_or_default(),
+        namespace: runner.metadata.namespace.clone().unwrap_or_default(),
+        phase,
+        exit_code: status.exit_code,
+        reason: status.termination_reason.clone().unwrap_or_default(),
+        had_job: status.has_job(),
+        registered: runner_id != 0,
+    }
+}
+
+/// Makes sure the registration of `runner_id` is gone: proven gone already,
+/// self-deregistered (per the policy, when `ask_policy`), or handed to the
+/// pool and waited for. Adds the steps and status fields that takes.
+fn ensure_gone(
+    obs: &Observed<'_>,
+    settings: &Settings,
+    status: &EphemeralRunnerStatus,
+    runner_id: i64,
+    ask_policy: bool,
+    patch: &mut StatusPatch,
+    plan: &mut Plan,
+) -> Result<Registration, Need> {
+    if is_true(status, REGISTERED) == Some(false) {
+        return Ok(Registration::Gone);
+    }
+    if runner_id == 0 {
+        patch.condition(
+            REGISTERED,
+            false,
+            "NeverRegistered",
+            "the runner was never registered",
+            obs.now,
+        );
+        return Ok(Registration::Gone);
+    }
+    let verdict = || -> Result<(&'static str, Option<&VerdictView>), Need> {
+        if !ask_policy {
+            return Ok(("remove-now", None));
+        }
+        match &obs.verdict {
+            Some(v) => Ok((verdict_label(v.verdict), Some(v))),
+            None => Err(Need::Verdict(ending(obs.runner, status, runner_id))),
+        }
+    };
+    match &obs.pool {
+        PoolView::Claimed => {
+            plan.requeue_after(settings.removal_recheck);
+            Ok(Registration::Pending)
+        }
+        PoolView::Removed | PoolView::NotFound => {
+            let (reason, outcome, message) = if obs.pool == PoolView::Removed {
+                (
+                    "Removed",
+                    "removed",
+                    format!("registration {runner_id} was removed from the service"),
+                )
+            } else {
+                (
+                    "NotFound",
+                    "not-found",
+                    format!("registration {runner_id} was already gone from the service"),
+                )
+            };
+            patch.condition(REGISTERED, false, reason, &message, obs.now);
+            plan.event(Severity::Normal, "RegistrationRemoved", message);
+            plan.step(Step::CountDeregistration {
+                verdict: requested_verdict(status),
+                outcome,
+            });
+            Ok(Registration::Gone)
+        }
+        PoolView::Failed(message) => {
+            plan.event(
+                Severity::Warning,
+                "DeregistrationFailed",
+                format!(
+                    "removing registration {runner_id} failed, retrying in {:?}: {message}",
+                    settings.removal_retry
+                ),
+            );
+            plan.step(Step::CountDeregistration {
+                verdict: requested_verdict(status),
+                outcome: "failed",
+            });
+            plan.requeue_after(settings.removal_retry);
+            Ok(Registration::Pending)
+        }
+        PoolView::Idle => {
+            let (label, view) = verdict()?;
+            if let Some(view) = view {
+                match &view.fallback_reason {
+                    Some(reason) => {
+                        let message = format!(
+                            "the deregistration policy failed and the bundled default decided: {reason}"
+                        );
+                        if is_true(status, POLICY_FALLBACK) != Some(true) {
+                            plan.event(Severity::Warning, "PolicyFallback", message.clone());
+                        }
+                        patch.condition(POLICY_FALLBACK, true, "Fallback", &message, obs.now);
+                    }
+                    None if is_true(status, POLICY_FALLBACK) == Some(true) => {
+                        patch.condition(
+                            POLICY_FALLBACK,
+                            false,
+                            "PolicyAnswered",
+                            "the configured policy decided",
+                            obs.now,
+                        );
+                    }
+                    None => {}
+                }
+                if view.verdict == Verdict::SelfDeregistered {
+                    let message =
+                        format!("registration {runner_id} was removed by the runner itself");
+                    patch.condition(REGISTERED, false, "SelfDeregistered", &message, obs.now);
+                    plan.step(Step::CountDeregistration {
+                        verdict: label,
+                        outcome: "skipped",
+                    });
+                    return Ok(Registration::Gone);
+                }
+            }
+            let reason = if label == "remove-after-job" {
+                "RemoveAfterJob"
+            } else {
+                "RemoveNow"
+            };
+            patch.condition(
+                REGISTERED,
+                true,
+                reason,
+                &format!("removal of registration {runner_id} requested ({label})"),
+                obs.now,
+            );
+            plan.step(Step::Deregister { runner_id });
+            plan.event(
+                Severity::Normal,
+                "Deregistering",
+                format!("removing registration {runner_id} from the service ({label}) before the pod is deleted"),
+            );
+            plan.requeue_after(settings.removal_recheck);
+            Ok(Registration::Pending)
+        }
+    }
+}
+
+/// Deletes the pod (or force-deletes one stuck terminating) and the Secret.
+/// Returns whether both are gone already.
+fn clean_up(obs: &Observed<'_>, settings: &Settings, plan: &mut Plan) -> bool {
+    let mut gone = true;
+    if let Some(pod) = &obs.pod {
+        gone = false;
+        terminate(obs, pod, settings, plan);
+    }
+    if obs.secret.is_some() {
+        gone = false;
+        plan.step(Step::DeleteSecret);
+    }
+    gone
+}
+
+/// Deletes the pod, or, when it is already terminating, waits for it up to
+/// the bound and then force-deletes it.
+fn terminate(obs: &Observed<'_>, pod: &PodView, settings: &Settings, plan: &mut Plan) {
+    match pod.deleting_since {
+        None => {
+            plan.step(Step::DeletePod {
+                uid: pod.uid.clone(),
+            });
+        }
+        Some(since) => {
+            let waited = elapsed(since, obs.now);
+            if waited >= settings.terminating_timeout {
+                plan.step(Step::ForceDeletePod {
+                    uid: pod.uid.clone(),
+                });
+                plan.event(
+                    Severity::Warning,
+                    "PodForceDeleted",
+                    format!(
+                        "pod was still terminating {}s after its deletion (its node is probably lost); deleted it with grace 0",
+                        waited.as_secs()
+                    ),
+                );
+                plan.requeue_after(Duration::from_secs(1));
+            } else {
+                plan.requeue_after(settings.terminating_timeout - waited);
+            }
+        }
+    }
+}
+
+fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
+    Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO)
+}
+
+fn has_runner_container(runner: &EphemeralRunner) -> bool {
+    runner
+        .spec
+        .spec
+        .containers
+        .iter()
+        .any(|c| c.name == RUNNER_CONTAINER)
+}
+
+/// Decides one reconcile of an EphemeralRunner; see the module docs.
+pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<Plan, Need> {
+    let runner = obs.runner;
+    let default_status = EphemeralRunnerStatus::default();
+    let status = runner.status.as_ref().unwrap_or(&default_status);
+    let mut plan = Plan::default();
+    let mut patch = StatusPatch::new(status);
+    let runner_id = if status.runner_id != 0 {
+        status.runner_id
+    } else {
+        obs.secret.as_ref().map_or(0, |s| s.runner_id)
+    };
+    let has_finalizer = runner
+        .metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|f| f == finalizer));
+
+    if runner.metadata.deletion_timestamp.is_some() {
+        if !has_finalizer {
+            return Ok(plan);
+        }
+        if let Registration::Gone = ensure_gone(
+            obs, settings, status, runner_id, true, &mut patch, &mut plan,
+        )? && clean_up(obs, settings, &mut plan)
+        {
+            plan.step(Step::RemoveFinalizer);
+        }
+        return Ok(finish(plan, patch));
+    }
+    if !has_finalizer {
+        plan.step(Step::AddFinalizer);
+        return Ok(plan);
+    }
+
+    let phase = status.phase.unwrap_or_default();
+    if phase.is_done() {
+        if let Registration::Gone = ensure_gone(
+            obs, settings, status, runner_id, true, &mut patch, &mut plan,
+        )? {
+            clean_up(obs, settings, &mut plan);
+        }
+        return Ok(finish(plan, patch));
+    }
+
+    if !has_runner_container(runner) {
+        patch.set("phase", json!(EphemeralRunnerPhase::Failed));
+        patch.set("reason", json!("InvalidTemplate"));
+        let message = format!("the pod template has no container named {RUNNER_CONTAINER:?}");
+        patch.set("message", json!(message));
+        plan.event(Severity::Warning, "InvalidTemplate", message);
+        return Ok(finish(plan, patch));
+    }
+
+    match &obs.pod {
+        Some(pod) if pod.deleting_since.is_some() => {
+            terminate(obs, pod, settings, &mut plan);
+        }
+        Some(pod) => running(obs, settings, status, runner_id, pod, &mut patch, &mut plan)?,
+        None => absent(obs, settings, status, runner_id, &mut patch, &mut plan)?,
+    }
+    Ok(finish(plan, patch))
+}
+
+fn finish(mut plan: Plan, patch: StatusPatch) -> Plan {
+    // The status goes first: what the other steps do must be on record
+    // before they are done, so a crash in between repeats them rather than
+    // forgetting them.
+    if let Some(step) = patch.into_step() {
+        plan.steps.insert(0, step);
+    }
+    plan
+}
+
+/// The pod exists and is not terminating.
+fn running(
+    obs: &Observed<'_>,
+    settings: &Settings,
+    status: &EphemeralRunnerStatus,
+    runner_id: i64,
+    pod: &PodView,
+    patch: &mut StatusPatch,
+    plan: &mut Plan,
+) -> Result<(), Need> {
+    let terminated = match &pod.runner {
+        RunnerContainer::Terminated { exit_code, reason } => Some((*exit_code, reason.clone())),
+        _ => None,
+    };
+    if let Some((code, reason)) = &terminated {
+        patch.set("exitCode", json!(code));
+        patch.set("terminationReason", json!(reason));
+        patch.set("ready", json!(false));
+        if *code == 0 {
+            patch.set("phase", json!(EphemeralRunnerPhase::Succeeded));
+            patch.set("reason", json!("Completed"));
+            patch.set("message", json!("the runner exited 0"));
+            plan.event(Severity::Normal, "RunnerSucceeded", "the runner exited 0");
+            return Ok(());
+        }
+        if *code == OUTDATED_EXIT_CODE {
+            let message = "the runner exited 7: its version is outdated and the service refuses it";
+            patch.set("phase", json!(EphemeralRunnerPhase::Outdated));
+            patch.set("reason", json!("Outdated"));
+            patch.set("message", json!(message));
+            plan.event(Severity::Warning, "RunnerOutdated", message);
+            return Ok(());
+        }
+    }
+    if terminated.is_some() || pod.failed || pod.init_failed {
+        let why = match (&terminated, &pod.failure_message) {
+            (Some((code, reason)), _) => format!("the runner exited {code} ({reason})"),
+            (None, Some(message)) => format!("the pod failed: {message}"),
+            (None, None) if pod.init_failed => "an init container failed".to_string(),
+            (None, None) => "the pod failed".to_string(),
+        };
+        if status.has_job() {
+            // The job is lost with the runner; a new pod cannot take it back.
+            patch.set("phase", json!(EphemeralRunnerPhase::Failed));
+            patch.set("reason", json!("JobFailed"));
+            patch.set("message", json!(format!("{why} while running a job")));
+            plan.event(
+                Severity::Warning,
+                "RunnerFailed",
+                format!("{why} while running a job"),
+            );
+            return Ok(());
+        }
+        return failed_start(
+            obs,
+            settings,
+            status,
+            runner_id,
+            pod,
+            "RunnerPodFailed",
+            &why,
+            patch,
+            plan,
+        );
+    }
+
+    let phase = if pod.runner == RunnerContainer::Running {
+        EphemeralRunnerPhase::Running
+    } else {
+        EphemeralRunnerPhase::Pending
+    };
+    if status.phase != Some(phase) {
+        patch.set("phase", json!(phase));
+        patch.set("reason", serde_json::Value::Null);
+        patch.set("message", serde_json::Value::Null);
+    }
+    if status.ready != pod.ready {
+        patch.set("ready", json!(pod.ready));
+    }
+
+    if is_true(status, ONLINE) == Some(true) || status.has_job() {
+        return Ok(());
+    }
+    let age = elapsed(pod.created, obs.now);
+    if age < settings.registration_timeout {
+        plan.requeue_after(settings.registration_timeout - age);
+        return Ok(());
+    }
+    match obs.presence {
+        None => Err(Need::Presence(runner_id)),
+        Some(Presence::Online) => {
+            patch.condition(
+                ONLINE,
+                true,
+                "Online",
+                "the service sees the runner online",
+                obs.now,
+            );
+            Ok(())
+        }
+        Some(presence) => {
+            let why = format!(
+                "the runner did not come online within {}s of its pod's creation ({})",
+                settings.registration_timeout.as_secs(),
+                if presence == Presence::Absent {
+                    "the service does not know it"
+                } else {
+                    "offline"
+                }
+            );
+            failed_start(
+                obs,
+                settings,
+                status,
+                runner_id,
+                pod,
+                "RegistrationTimeout",
+                &why,
+                patch,
+                plan,
+            )
+        }
+    }
+}
+
+/// A start that failed before the runner could run a job: counted, and the
+/// runner is recreated (registration removed first, then pod and Secret)
+/// after a backoff, or marked Failed once the limit is reached.
+#[allow(clippy::too_many_arguments)]
+fn failed_start(
+    obs: &Observed<'_>,
+    settings: &Settings,
+    status: &EphemeralRunnerStatus,
+    runner_id: i64,
+    pod: &PodView,
+    reason: &'static str,
+    why: &str,
+    patch: &mut StatusPatch,
+    plan: &mut Plan,
+) -> Result<(), Need> {
+    let mut failures: BTreeMap<String, Time> = status.failures.clone();
+    if !failures.contains_key(&pod.uid) {
+        failures.insert(pod.uid.clone(), Time(obs.now));
+        patch.set("failures", json!(failures));
+        if failures.len() >= settings.failure_limit {
+            let message = format!(
+                "{why}; {} failed starts, the limit, so the runner is not recreated",
+                failures.len()
+            );
+            patch.set("phase", json!(EphemeralRunnerPhase::Failed));
+            patch.set("reason", json!("TooManyFailures"));
+            patch.set("message", json!(message));
+            plan.event(Severity::Warning, "RunnerFailed", message);
+            return Ok(());
+        }
+        plan.event(
+            Severity::Warning,
+            reason,
+            format!(
+                "{why}; failed start {} of {}, recreating the runner in {:?}",
+                failures.len(),
+                settings.failure_limit,
+                settings.backoff(failures.len())
+            ),
+        );
+        patch.set("phase", json!(EphemeralRunnerPhase::Pending));
+        patch.set("ready", json!(false));
+    }
+    if let Registration::Gone = ensure_gone(obs, settings, status, runner_id, false, patch, plan)? {
+        plan.step(Step::DeletePod {
+            uid: pod.uid.clone(),
+        });
+        if obs.secret.is_some() {
+            plan.step(Step::DeleteSecret);
+        }
+    }
+    Ok(())
+}
+
+/// No pod: register if needed, then create the pod, minding the backoff.
+fn absent(
+    obs: &Observed<'_>,
+    settings: &Settings,
+    status: &EphemeralRunnerStatus,
+    runner_id: i64,
+    patch: &mut StatusPatch,
+    plan: &mut Plan,
+) -> Result<(), Need> {
+    let gone = is_true(status, REGISTERED) == Some(false);
+    if let Some(secret) = &obs.secret {
+        if status.runner_id != secret.runner_id {
+            // The Secret was written but the status not (a crash between
+            // the two): the Secret is the record.
+            patch.set("runnerId", json!(secret.runner_id));
+            patch.set("runnerName", json!(secret.runner_name));
+            patch.condition(
+                REGISTERED,
+                true,
+                "JitConfigCreated",
+                &format!("registered as runner {}", secret.runner_id),
+                obs.now,
+            );
+        } else if gone {
+            // Its registration is gone (a crash before the Secret was
+            // deleted): a pod made from it could not start.
+            plan.step(Step::DeleteSecret);
+            return Ok(());
+        }
+    } else if runner_id != 0 && !gone {
+        // The Secret vanished while the registration exists: the config
+        // cannot be read back, so the registration goes and a new one is made.
+        ensure_gone(obs, settings, status, runner_id, false, patch, plan)?;
+        return Ok(());
+    }
+    if let Some(last) = status.failures.values().map(|t| t.0).max() {
+        let wait = settings.backoff(status.failures.len());
+        let waited = elapsed(last, obs.now);
+        if waited < wait {
+            plan.requeue_after(wait - waited);
+            return Ok(());
+        }
+    }
+    if obs.secret.is_none() {
+        plan.step(Step::Register);
+    } else {
+        plan.step(Step::CreatePod);
+        if status.phase.is_none() {
+            patch.set("phase", json!(EphemeralRunnerPhase::Pending));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::EphemeralRunnerSpec;
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+
+    const FIN: &str = "arcwright.dev/test-finalizer";
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    /// A runner fixture that reads as a sentence:
+    /// `Runner::new().registered(7).phase(Running)`.
+    #[derive(Clone)]
+    struct Runner(EphemeralRunner);
+
+    impl Runner {
+        fn new() -> Self {
+            let mut r = EphemeralRunner::new(
+                "r",
+                EphemeralRunnerSpec {
+                    spec: PodSpec {
+                        containers: vec![Container {
+                            name: "runner".into(),
+                            ..Container::default()
+                        }],
+                        ..PodSpec::default()
+                    },
+                    ..EphemeralRunnerSpec::default()
+                },
+            );
+            r.metadata.namespace = Some("ns".into());
+            r.metadata.finalizers = Some(vec![FIN.into()]);
+            r.status = Some(EphemeralRunnerStatus::default());
+            Self(r)
+        }
+        fn status(mut self, f: impl FnOnce(&mut EphemeralRunnerStatus)) -> Self {
+            f(self.0.status.get_or_insert_with(Default::default));
+            self
+        }
+        fn registered(self, id: i64) -> Self {
+            self.status(|s| {
+                s.runner_id = id;
+                s.conditions
+                    .push(cond(REGISTERED, true, "JitConfigCreated"));
+            })
+        }
+        fn gone(self, reason: &str) -> Self {
+            let reason = reason.to_string();
+            self.status(|s| {
+                s.conditions.retain(|c| c.type_ != REGISTERED);
+                s.conditions.push(cond(REGISTERED, false, &reason));
+            })
+        }
+        fn phase(self, phase: EphemeralRunnerPhase) -> Self {
+            self.status(|s| s.phase = Some(phase))
+        }
+        fn failures(self, n: usize, last: i64) -> Self {
+            self.status(|s| {
+                for i in 0..n {
+                    s.failures
+                        .insert(format!("old-{i}"), Time(at(last - i as i64)));
+                }
+            })
+        }
+        fn with_job(self) -> Self {
+            self.status(|s| {
+                s.job_id = Some("job".into());
+                s.job_request_id = 3;
+            })
+        }
+        fn no_finalizer(mut self) -> Self {
+            self.0.metadata.finalizers = None;
+            self
+        }
+        fn deleting(mut self) -> Self {
+            self.0.metadata.deletion_timestamp = Some(Time(at(0)));
+            self
+        }
+        fn without_runner_container(mut self) -> Self {
+            self.0.spec.spec.containers[0].name = "main".into();
+            self
+        }
+    }
+
+    fn cond(type_: &str, status: bool, reason: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: if status { "True" } else { "False" }.into(),
+            reason: reason.into(),
+            message: String::new(),
+            last_transition_time: Time(at(-1000)),
+            observed_generation: None,
+        }
+    }
+
+    fn pod(runner: RunnerContainer) -> PodView {
+        PodView {
+            uid: "pod-1".into(),
+            created: at(0),
+            deleting_since: None,
+            ready: runner == RunnerContainer::Running,
+            runner,
+            failed: false,
+            init_failed: false,
+            failure_message: None,
+        }
+    }
+
+    fn exited(code: i32) -> PodView {
+        pod(RunnerContainer::Terminated {
+            exit_code: code,
+            reason: if code == 0 { "Completed" } else { "Error" }.into(),
+        })
+    }
+
+    fn secret(id: i64) -> Option<SecretView> {
+        Some(SecretView {
+            runner_id: id,
+            runner_name: "r".into(),
+        })
+    }
+
+    struct Case {
+        runner: Runner,
+        pod: Option<PodView>,
+        secret: Option<SecretView>,
+        pool: PoolView,
+        verdict: Option<Verdict>,
+        presence: Option<Presence>,
+        now: i64,
+    }
+
+    fn case(runner: Runner) -> Case {
+        Case {
+            runner,
+            pod: None,
+            secret: None,
+            pool: PoolView::Idle,
+            verdict: None,
+            presence: None,
+            now: 10,
+        }
+    }
+
+    impl Case {
+        fn pod(mut self, pod: PodView) -> Self {
+            self.pod = Some(pod);
+            self
+        }
+        fn secret(mut self, id: i64) -> Self {
+            self.secret = secret(id);
+            self
+        }
+        fn pool(mut self, pool: PoolView) -> Self {
+            self.pool = pool;
+            self
+        }
+        fn verdict(mut self, verdict: Verdict) -> Self {
+            self.verdict = Some(verdict);
+            self
+        }
+        fn presence(mut self, presence: Presence) -> Self {
+            self.presence = Some(presence);
+            self
+        }
+        fn now(mut self, now: i64) -> Self {
+            self.now = now;
+            self
+        }
+        fn run(&self) -> Result<Plan, Need> {
+            let obs = Observed {
+                runner: &self.runner.0,
+                pod: self.pod.clone(),
+                secret: self.secret.clone(),
+                pool: self.pool.clone(),
+                verdict: self.verdict.map(|verdict| VerdictView {
+                    verdict,
+                    fallback_reason: None,
+                }),
+                presence: self.presence,
+                now: at(self.now),
+            };
+            plan(&obs, &settings(), FIN)
+        }
+        fn steps(&self) -> Vec<Step> {
+            self.run().expect("no input needed").steps
+        }
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            failure_limit: 5,
+            backoff_base: Duration::from_secs(5),
+            backoff_max: Duration::from_secs(80),
+            registration_timeout: Duration::from_secs(600),
+            terminating_timeout: Duration::from_secs(60),
+            removal_recheck: Duration::from_secs(30),
+            removal_retry: Duration::from_secs(15),
+        }
+    }
+
+    /// The step kinds, without payloads, for compact expectations.
+    fn kinds(steps: &[Step]) -> Vec<&'static str> {
+        steps
+            .iter()
+            .map(|s| match s {
+                Step::AddFinalizer => "add-finalizer",
+                Step::RemoveFinalizer => "remove-finalizer",
+                Step::PatchStatus(_) => "status",
+                Step::Register => "register",
+                Step::CreatePod => "create-pod",
+                Step::DeletePod { .. } => "delete-pod",
+                Step::ForceDeletePod { .. } => "force-delete-pod",
+                Step::DeleteSecret => "delete-secret",
+                Step::Deregister { .. } => "deregister",
+                Step::Event { .. } => "event",
+                Step::CountDeregistration { .. } => "count",
+            })
+            .collect()
+    }
+
+    fn status_of(steps: &[Step]) -> serde_json::Value {
+        steps
+            .iter()
+            .find_map(|s| match s {
+                Step::PatchStatus(v) => Some(v["status"].clone()),
+                _ => None,
+            })
+            .unwrap_or_default()
+    }
+
+    fn registered_condition(steps: &[Step]) -> Option<(String, String)> {
+        let status = status_of(steps);
+        status["conditions"].as_array()?.iter().find_map(|c| {
+            (c["type"] == REGISTERED).then(|| {
+                (
+                    c["status"].as_str().unwrap().to_string(),
+                    c["reason"].as_str().unwrap().to_string(),
+                )
+            })
+        })
+    }
+
+    use EphemeralRunnerPhase::*;
+
+    #[test]
+    fn the_lifecycle_table() {
+        let rows: Vec<(&str, Case, Vec<&str>)> = vec![
+            (
+                "a new runner gets the finalizer first",
+                case(Runner::new().no_finalizer()),
+                vec!["add-finalizer"],
+            ),
+            ("then a registration", case(Runner::new()), vec!["register"]),
+            (
+                "then its pod",
+                case(Runner::new().registered(7)).secret(7),
+                vec!["status", "create-pod"],
+            ),
+            (
+                "a Secret without a status record is adopted, and the pod created",
+                case(Runner::new()).secret(7),
+                vec!["status", "create-pod"],
+            ),
+            (
+                "a running pod is mirrored",
+                case(Runner::new().registered(7).phase(Pending))
+                    .secret(7)
+                    .pod(pod(RunnerContainer::Running)),
+                vec!["status"],
+            ),
+            (
+                "nothing changes, nothing is done",
+                case(
+                    Runner::new()
+                        .registered(7)
+                        .phase(Running)
+                        .status(|s| s.ready = true),
+                )
+                .secret(7)
+                .pod(pod(RunnerContainer::Running)),
+                vec![],
+            ),
+            (
+                "exit 0 is Succeeded",
+                case(Runner::new().registered(7).phase(Running))
+                    .secret(7)
+                    .pod(exited(0)),
+                vec!["status", "event"],
+            ),
+            (
+                "exit 7 is Outdated",
+                case(Runner::new().registered(7).phase(Running))
+                    .secret(7)
+                    .pod(exited(7)),
+                vec!["status", "event"],
+            ),
+            (
+                "a template without a runner container fails the runner",
+                case(Runner::new().without_runner_container()),
+                vec!["status", "event"],
+            ),
+        ];
+        for (name, case, expected) in rows {
+            assert_eq!(kinds(&case.steps()), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_finished_runner_keeps_its_pod_until_its_registration_is_gone() {
+        let done = || Runner::new().registered(7).phase(Failed);
+        // The policy is asked first.
+        let need = case(done()).secret(7).pod(exited(1)).run().unwrap_err();
+        assert!(
+            matches!(need, Need::Verdict(ref e) if e.phase == RunnerPhase::Failed && e.registered),
+            "{need:?}"
+        );
+        // remove-now: handed to the pool, the pod stays.
+        let steps = case(done())
+            .secret(7)
+            .pod(exited(1))
+            .verdict(Verdict::RemoveNow)
+            .steps();
+        assert_eq!(kinds(&steps), vec!["status", "deregister", "event"]);
+        assert!(steps.contains(&Step::Deregister { runner_id: 7 }));
+        assert_eq!(
+            registered_condition(&steps),
+            Some(("True".into(), "RemoveNow".into()))
+        );
+        // While the pool works (also while it waits out JobStillRunning), the pod stays.
+        let steps = case(done())
+            .secret(7)
+            .pod(exited(1))
+            .pool(PoolView::Claimed)
+            .steps();
+        assert!(!kinds(&steps).contains(&"delete-pod"), "{steps:?}");
+        // Removed: recorded, and only then the pod and Secret go.
+        let steps = case(done())
+            .secret(7)
+            .pod(exited(1))
+            .pool(PoolView::Removed)
+            .steps();
+        assert_eq!(
+            kinds(&steps),
+            vec!["status", "event", "count", "delete-pod", "delete-secret"]
+        );
+        assert_eq!(
+            registered_condition(&steps),
+            Some(("False".into(), "Removed".into()))
+        );
+        // Not found counts as gone.
+        let steps = case(done())
+            .secret(7)
+            .pod(exited(1))
+            .pool(PoolView::NotFound)
+            .steps();
+        assert!(kinds(&steps).contains(&"delete-pod"));
+        // The pool gave up: retried later, the pod stays.
+        let plan = case(done())
+            .secret(7)
+            .pod(exited(1))
+            .pool(PoolView::Failed("503".into()))
+            .run()
+            .unwrap();
+        assert_eq!(kinds(&plan.steps), vec!["event", "count"]);
+        assert_eq!(plan.requeue, Some(Duration::from_secs(15)));
+        // Gone already: the rest is cleaned up, nothing asked.
+        let steps = case(done().gone("Removed"))
+            .secret(7)
+            .pod(exited(1))
+            .steps();
+        assert_eq!(kinds(&steps), vec!["delete-pod", "delete-secret"]);
+    }
+
+    #[test]
+    fn a_self_deregistered_runner_costs_no_removal() {
+        let runner = Runner::new()
+            .registered(7)
+            .phase(Succeeded)
+            .status(|s| s.exit_code = Some(0));
+        let steps = case(runner)
+            .secret(7)
+            .pod(exited(0))
+            .verdict(Verdict::SelfDeregistered)
+            .steps();
+        assert!(!kinds(&steps).contains(&"deregister"), "{steps:?}");
+        assert_eq!(
+            registered_condition(&steps),
+            Some(("False".into(), "SelfDeregistered".into()))
+        );
+        assert!(steps.contains(&Step::CountDeregistration {
+            verdict: "self-deregistered",
+            outcome: "skipped"
+        }));
+        assert_eq!(
+            kinds(&steps),
+            vec!["status", "count", "delete-pod", "delete-secret"]
+        );
+    }
+
+    #[test]
+    fn a_policy_fallback_is_reported_on_the_runner() {
+        let runner = Runner::new().registered(7).phase(Failed);
+        let obs = Observed {
+            runner: &runner.0,
+            pod: Some(exited(1)),
+            secret: secret(7),
+            pool: PoolView::Idle,
+            verdict: Some(VerdictView {
+                verdict: Verdict::RemoveNow,
+                fallback_reason: Some("timeout".into()),
+            }),
+            presence: None,
+            now: at(10),
+        };
+        let steps = plan(&obs, &settings(), FIN).unwrap().steps;
+        let status = status_of(&steps);
+        let fallback = status["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == POLICY_FALLBACK)
+            .unwrap();
+        assert_eq!(fallback["status"], "True");
+        assert!(steps.iter().any(|s| matches!(
+            s,
+            Step::Event {
+                reason: "PolicyFallback",
+                severity: Severity::Warning,
+                ..
+            }
+        )));
+    }
+
+    #[test]
+    fn failed_starts_back_off_and_stop_at_the_limit() {
+        let running = || Runner::new().registered(7).phase(Running);
+        // First failure: recorded, the registration removed before the pod goes.
+        let steps = case(running()).secret(7).pod(exited(1)).steps();
+        assert_eq!(
+            kinds(&steps),
+            vec!["status", "event", "deregister", "event"]
+        );
+        let status = status_of(&steps);
+        assert!(status["failures"]["pod-1"].is_string(), "{status}");
+        assert_eq!(status["phase"], "Pending");
+        // The policy is not asked for a start that failed: the registration surely exists.
+        // Once gone: pod and Secret deleted.
+        // (as the first pass left it: failure recorded, exit code seen)
+        let recorded = running().gone("Removed").phase(Pending).status(|s| {
+            s.failures.insert("pod-1".into(), Time(at(0)));
+            s.exit_code = Some(1);
+            s.termination_reason = Some("Error".into());
+        });
+        let steps = case(recorded).secret(7).pod(exited(1)).steps();
+        assert_eq!(kinds(&steps), vec!["delete-pod", "delete-secret"]);
+        // Then the backoff: 5 s after the first failure, 10 s after the second.
+        let plan = case(Runner::new().registered(7).gone("Removed").failures(1, 8))
+            .now(10)
+            .run()
+            .unwrap();
+        assert_eq!(plan.steps, vec![]);
+        assert_eq!(plan.requeue, Some(Duration::from_secs(3)));
+        let plan = case(Runner::new().registered(7).gone("Removed").failures(2, 8))
+            .now(10)
+            .run()
+            .unwrap();
+        assert_eq!(plan.requeue, Some(Duration::from_secs(8)));
+        // After it: registered again.
+        assert_eq!(
+            kinds(
+                &case(Runner::new().registered(7).gone("Removed").failures(1, 0))
+                    .now(10)
+                    .steps()
+            ),
+            vec!["register"]
+        );
+        // The fifth failure marks it Failed.
+        let steps = case(running().failures(4, 0))
+            .secret(7)
+            .pod(exited(1))
+            .steps();
+        assert_eq!(status_of(&steps)["phase"], "Failed");
+        assert_eq!(status_of(&steps)["reason"], "TooManyFailures");
+        assert!(!kinds(&steps).contains(&"delete-pod"));
+        // A failure with a job is not retried: the job is lost.
+        let steps = case(running().with_job()).secret(7).pod(exited(1)).steps();
+        assert_eq!(status_of(&steps)["phase"], "Failed");
+        assert_eq!(status_of(&steps)["reason"], "JobFailed");
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        let s = settings();
+        let waits: Vec<u64> = (0..8).map(|n| s.backoff(n).as_secs()).collect();
+        assert_eq!(waits, vec![0, 5, 10, 20, 40, 80, 80, 80]);
+    }
+
+    #[test]
+    fn a_runner_that_never_comes_online_is_recreated() {
+        let running = || {
+            Runner::new()
+                .registered(7)
+                .phase(Running)
+                .status(|s| s.ready = true)
+        };
+        // Before the timeout: look again when it passes, ask nothing.
+        let plan = case(running())
+            .secret(7)
+            .pod(pod(RunnerContainer::Running))
+            .now(100)
+            .run()
+            .unwrap();
+        assert_eq!(plan.requeue, Some(Duration::from_secs(500)));
+        // At the timeout: ask the service.
+        let need = case(running())
+            .secret(7)
+            .pod(pod(RunnerContainer::Running))
+            .now(600)
+            .run()
+            .unwrap_err();
+        assert_eq!(need, Need::Presence(7));
+        // Online: remembered, never asked again.
+        let steps = case(running())
+            .secret(7)
+            .pod(pod(RunnerContainer::Running))
+            .now(600)
+            .presence(Presence::Online)
+            .steps();
+        assert_eq!(kinds(&steps), vec!["status"]);
+        let online = running().status(|s| s.conditions.push(cond(ONLINE, true, "Online")));
+        assert!(
+            case(online)
+                .secret(7)
+                .pod(pod(RunnerContainer::Running))
+                .now(6000)
+                .run()
+                .is_ok()
+        );
+        // Offline: a failed start; the registration is removed before the pod goes.
+        let steps = case(running())
+            .secret(7)
+            .pod(pod(RunnerContainer::Running))
+            .now(600)
+            .presence(Presence::Offline)
+            .steps();
+        assert_eq!(
+            kinds(&steps),
+            vec!["status", "event", "deregister", "event"]
+        );
+        assert!(steps.iter().any(|s| matches!(
+            s,
+            Step::Event {
+                reason: "RegistrationTimeout",
+                ..
+            }
+        )));
+    }
+
+    #[test]
+    fn a_pod_stuck_terminating_is_force_deleted_after_the_bound() {
+        let terminating = |since| {
+            let mut p = exited(1);
+            p.deleting_since = Some(at(since));
+            p
+        };
+        let done = || Runner::new().registered(7).phase(Failed).gone("Removed");
+        let plan = case(done()).pod(terminating(0)).now(30).run().unwrap();
+        assert_eq!(plan.steps, vec![]);
+        assert_eq!(plan.requeue, Some(Duration::from_secs(30)));
+        let steps = case(done()).pod(terminating(0)).now(60).steps();
+        assert_eq!(kinds(&steps), vec!["force-delete-pod", "event"]);
+        // Also a pod someone else deleted while the runner was running.
+        let steps = case(Runner::new().registered(7).phase(Running))
+            .secret(7)
+            .pod(terminating(0))
+            .now(61)
+            .steps();
+        assert_eq!(kinds(&steps), vec!["force-delete-pod", "event"]);
+    }
+
+    #[test]
+    fn deletion_holds_the_finalizer_until_everything_is_gone() {
+        let deleting = || Runner::new().registered(7).phase(Running).deleting();
+        assert!(matches!(
+            case(deleting())
+                .secret(7)
+                .pod(pod(RunnerContainer::Running))
+                .run(),
+            Err(Need::Verdict(_))
+        ));
+        let steps = case(deleting())
+            .secret(7)
+            .pod(pod(RunnerContainer::Running))
+            .verdict(Verdict::RemoveNow)
+            .steps();
+        assert_eq!(kinds(&steps), vec!["status", "deregister", "event"]);
+        // Job still running: the pool keeps retrying; the pod stays.
+        let steps = case(deleting())
+            .secret(7)
+            .pod(pod(RunnerContainer::Running))
+            .pool(PoolView::Claimed)
+            .steps();
+        assert_eq!(kinds(&steps), Vec::<&str>::new());
+        // Unknown to the service: does not hang.
+        let steps = case(deleting())
+            .secret(7)
+            .pod(pod(RunnerContainer::Running))
+            .pool(PoolView::NotFound)
+            .steps();
+        assert_eq!(
+            kinds(&steps),
+            vec!["status", "event", "count", "delete-pod", "delete-secret"]
+        );
+        // Pod and Secret gone: the finalizer goes.
+        let steps = case(deleting().gone("NotFound")).steps();
+        assert_eq!(kinds(&steps), vec!["remove-finalizer"]);
+        // Never registered: nothing to remove.
+        let steps = case(Runner::new().deleting()).steps();
+        assert_eq!(kinds(&steps), vec!["status", "remove-finalizer"]);
+        assert_eq!(
+            registered_condition(&steps),
+            Some(("False".into(), "NeverRegistered".into()))
+        );
+        // Without the finalizer, nothing is ours to do.
+        assert_eq!(
+            kinds(&case(Runner::new().deleting().no_finalizer()).steps()),
+            Vec::<&str>::new()
+        );
+    }
+
+    #[test]
+    fn a_lost_secret_means_a_new_registration_after_the_old_one_goes() {
+        // Registered, the Secret is gone: the old registration is removed first.
+        let steps = case(Runner::new().registered(7).phase(Pending)).steps();
+        assert_eq!(kinds(&steps), vec!["status", "deregister", "event"]);
+        // A Secret whose registration is gone is deleted, then a new one is made.
+        let steps = case(Runner::new().registered(7).gone("Removed"))
+            .secret(7)
+            .steps();
+        assert_eq!(kinds(&steps), vec!["delete-secret"]);
+        // A Secret newer than the status (a crash after writing it) is adopted.
+        let steps = case(Runner::new().registered(7).gone("Removed"))
+            .secret(8)
+            .steps();
+        assert_eq!(kinds(&steps), vec!["status", "create-pod"]);
+        assert_eq!(status_of(&steps)["runnerId"], 8);
+        assert_eq!(
+            registered_condition(&steps),
+            Some(("True".into(), "JitConfigCreated".into()))
+        );
+    }
+}

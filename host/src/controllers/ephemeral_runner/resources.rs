@@ -1,0 +1,289 @@
+//! The objects an EphemeralRunner owns, built from it: the JIT config Secret
+//! and the runner pod. Pure functions, so what a pod looks like is tested
+//! without a server.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, Pod, PodSpec, Secret, SecretKeySelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+
+use super::plan::{RUNNER_CONTAINER, SecretView};
+use crate::api::{EphemeralRunner, labels};
+
+/// The Secret key holding the encoded JIT config (ARC's).
+pub const JIT_TOKEN_KEY: &str = "jitToken";
+/// The Secret key holding the registration id; not secret, read back to
+/// recover from a crash between writing the Secret and the status.
+pub const RUNNER_ID_KEY: &str = "runnerId";
+/// The Secret key holding the registration name.
+pub const RUNNER_NAME_KEY: &str = "runnerName";
+/// The Secret key holding the scale set id.
+pub const SCALE_SET_ID_KEY: &str = "scaleSetId";
+
+/// The variable the runner reads its JIT config from.
+pub const JIT_CONFIG_ENV: &str = "ACTIONS_RUNNER_INPUT_JITCONFIG";
+
+/// The owner reference that makes the runner own (and garbage-collect) an
+/// object.
+pub fn owner_reference(runner: &EphemeralRunner) -> OwnerReference {
+    OwnerReference {
+        api_version: EphemeralRunner::api_version(&()).into_owned(),
+        kind: EphemeralRunner::kind(&()).into_owned(),
+        name: runner.metadata.name.clone().unwrap_or_default(),
+        uid: runner.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// The labels every object of a runner carries: the runner's own name (to
+/// find them), its scale set's labels, and who manages it.
+pub fn owned_labels(runner: &EphemeralRunner) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    if let Some(runner_labels) = &runner.metadata.labels {
+        for key in [labels::SCALE_SET_NAME, labels::SCALE_SET_NAMESPACE] {
+            if let Some(value) = runner_labels.get(key) {
+                out.insert(key.to_string(), value.clone());
+            }
+        }
+    }
+    out.insert(
+        labels::EPHEMERAL_RUNNER.to_string(),
+        runner.metadata.name.clone().unwrap_or_default(),
+    );
+    out.insert(labels::MANAGED_BY.to_string(), "arcwright".to_string());
+    out
+}
+
+/// The JIT config Secret: named after the runner, owned by it.
+pub fn jit_secret(
+    runner: &EphemeralRunner,
+    runner_id: i64,
+    runner_name: &str,
+    encoded_jit_config: &str,
+) -> Secret {
+    let meta = runner.spec.ephemeral_runner_config_secret_metadata.as_ref();
+    let mut labels = meta.and_then(|m| m.labels.clone()).unwrap_or_default();
+    labels.extend(owned_labels(runner));
+    labels.insert(
+        labels::COMPONENT.to_string(),
+        "runner-jit-config".to_string(),
+    );
+    let data = [
+        (JIT_TOKEN_KEY, encoded_jit_config.to_string()),
+        (RUNNER_ID_KEY, runner_id.to_string()),
+        (RUNNER_NAME_KEY, runner_name.to_string()),
+        (
+            SCALE_SET_ID_KEY,
+            runner.spec.runner_scale_set_id.to_string(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), ByteString(v.into_bytes())))
+    .collect();
+    Secret {
+        metadata: ObjectMeta {
+            name: runner.metadata.name.clone(),
+            namespace: runner.metadata.namespace.clone(),
+            labels: Some(labels),
+            annotations: meta.and_then(|m| m.annotations.clone()),
+            owner_references: Some(vec![owner_reference(runner)]),
+            ..ObjectMeta::default()
+        },
+        data: Some(data),
+        type_: Some("Opaque".to_string()),
+        ..Secret::default()
+    }
+}
+
+/// The non-secret half of a JIT config Secret, if it is one arcwright wrote
+/// completely (all keys present, ids parse). A Secret missing its config is
+/// treated as absent by the caller.
+pub fn read_jit_secret(secret: &Secret) -> Option<SecretView> {
+    let data = secret.data.as_ref()?;
+    let text = |key: &str| {
+        data.get(key)
+            .and_then(|b| std::str::from_utf8(&b.0).ok())
+            .map(str::to_string)
+    };
+    if text(JIT_TOKEN_KEY).is_none_or(|t| t.is_empty()) {
+        return None;
+    }
+    Some(SecretView {
+        runner_id: text(RUNNER_ID_KEY)?.parse().ok()?,
+        runner_name: text(RUNNER_NAME_KEY)?,
+    })
+}
+
+/// The runner pod: the template, named after the runner, owned by it, with
+/// the JIT config injected from the Secret (never written into the spec)
+/// and the variables ARC sets.
+pub fn runner_pod(runner: &EphemeralRunner, user_agent: &str) -> Pod {
+    let name = runner.metadata.name.clone().unwrap_or_default();
+    let template_meta = runner.spec.metadata.clone().unwrap_or_default();
+    let mut labels = template_meta.labels.unwrap_or_default();
+    labels.extend(owned_labels(runner));
+    labels.insert(labels::COMPONENT.to_string(), "runner".to_string());
+    let mut spec: PodSpec = runner.spec.spec.clone();
+    for container in spec
+        .containers
+        .iter_mut()
+        .filter(|c| c.name == RUNNER_CONTAINER)
+    {
+        let env = container.env.get_or_insert_with(Vec::new);
+        let injected = [
+            JIT_CONFIG_ENV,
+            "GITHUB_ACTIONS_RUNNER_EXTRA_USER_AGENT",
+            "ACTIONS_RUNNER_RETURN_VERSION_DEPRECATED_EXIT_CODE",
+        ];
+        env.retain(|e| !injected.contains(&e.name.as_str()));
+        env.push(EnvVar {
+            name: JIT_CONFIG_ENV.to_string(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: name.clone(),
+                    key: JIT_TOKEN_KEY.to_string(),
+                    optional: Some(false),
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        });
+        env.push(EnvVar {
+            name: "GITHUB_ACTIONS_RUNNER_EXTRA_USER_AGENT".to_string(),
+            value: Some(user_agent.to_string()),
+            ..EnvVar::default()
+        });
+        // Exit 7 instead of self-updating when the service refuses the
+        // runner's version, so the controller can report Outdated.
+        env.push(EnvVar {
+            name: "ACTIONS_RUNNER_RETURN_VERSION_DEPRECATED_EXIT_CODE".to_string(),
+            value: Some("1".to_string()),
+            ..EnvVar::default()
+        });
+    }
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: runner.metadata.namespace.clone(),
+            labels: Some(labels),
+            annotations: template_meta.annotations,
+            owner_references: Some(vec![owner_reference(runner)]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::EphemeralRunnerSpec;
+    use k8s_openapi::api::core::v1::Container;
+
+    fn runner() -> EphemeralRunner {
+        let mut runner = EphemeralRunner::new(
+            "set-runner-abc",
+            EphemeralRunnerSpec {
+                github_config_url: "https://github.com/o".into(),
+                github_config_secret: "auth".into(),
+                runner_scale_set_id: 3,
+                metadata: Some(ObjectMeta {
+                    labels: Some([("team".to_string(), "ci".to_string())].into()),
+                    ..ObjectMeta::default()
+                }),
+                spec: PodSpec {
+                    containers: vec![
+                        Container {
+                            name: "runner".into(),
+                            env: Some(vec![EnvVar {
+                                name: JIT_CONFIG_ENV.into(),
+                                value: Some("literal".into()),
+                                ..EnvVar::default()
+                            }]),
+                            ..Container::default()
+                        },
+                        Container {
+                            name: "sidecar".into(),
+                            ..Container::default()
+                        },
+                    ],
+                    ..PodSpec::default()
+                },
+                ..EphemeralRunnerSpec::default()
+            },
+        );
+        runner.metadata.namespace = Some("ns".into());
+        runner.metadata.uid = Some("uid-1".into());
+        runner.metadata.labels =
+            Some([(labels::SCALE_SET_NAME.to_string(), "set".to_string())].into());
+        runner
+    }
+
+    #[test]
+    fn the_pod_reads_its_jit_config_from_the_secret_never_literally() {
+        let pod = runner_pod(&runner(), "arcwright/0.1.0");
+        let spec = pod.spec.unwrap();
+        let env = spec.containers[0].env.clone().unwrap();
+        let jit: Vec<_> = env.iter().filter(|e| e.name == JIT_CONFIG_ENV).collect();
+        assert_eq!(jit.len(), 1, "the template's literal is replaced");
+        assert_eq!(jit[0].value, None);
+        let from = jit[0]
+            .value_from
+            .as_ref()
+            .unwrap()
+            .secret_key_ref
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            (from.name.as_str(), from.key.as_str()),
+            ("set-runner-abc", JIT_TOKEN_KEY)
+        );
+        assert!(env.iter().any(
+            |e| e.name == "ACTIONS_RUNNER_RETURN_VERSION_DEPRECATED_EXIT_CODE"
+                && e.value.as_deref() == Some("1")
+        ));
+        assert_eq!(
+            spec.containers[1].env, None,
+            "only the runner container is changed"
+        );
+    }
+
+    #[test]
+    fn owned_objects_carry_owner_and_labels() {
+        let runner = runner();
+        let pod = runner_pod(&runner, "ua");
+        let labels = pod.metadata.labels.unwrap();
+        assert_eq!(labels["team"], "ci");
+        assert_eq!(labels[labels::EPHEMERAL_RUNNER], "set-runner-abc");
+        assert_eq!(labels[labels::SCALE_SET_NAME], "set");
+        let owner = &pod.metadata.owner_references.unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("EphemeralRunner", "uid-1", Some(true))
+        );
+
+        let secret = jit_secret(&runner, 42, "set-runner-abc", "c2VjcmV0");
+        assert_eq!(secret.metadata.name.as_deref(), Some("set-runner-abc"));
+        assert_eq!(
+            read_jit_secret(&secret),
+            Some(SecretView {
+                runner_id: 42,
+                runner_name: "set-runner-abc".into()
+            })
+        );
+    }
+
+    #[test]
+    fn an_incomplete_secret_reads_as_absent() {
+        let runner = runner();
+        let mut secret = jit_secret(&runner, 42, "n", "");
+        assert_eq!(read_jit_secret(&secret), None, "no config");
+        secret = jit_secret(&runner, 42, "n", "cfg");
+        secret.data.as_mut().unwrap().remove(RUNNER_ID_KEY);
+        assert_eq!(read_jit_secret(&secret), None, "no id");
+    }
+}

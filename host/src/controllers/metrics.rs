@@ -1,0 +1,221 @@
+//! Prometheus metrics of the reconcilers, as registered structs (the policy
+//! runtime's pattern). Names follow ARC's `gha_*` where they mean the same
+//! thing, under arcwright's prefix.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels naming a controller.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabels {
+    /// `ephemeral-runner`, ...
+    pub controller: String,
+}
+
+/// Labels of `arcwright_reconcile_errors_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// The controller.
+    pub controller: String,
+    /// The error's stable label.
+    pub error: String,
+}
+
+/// Labels of `arcwright_ephemeral_runners` (ARC's `gha_*_ephemeral_runners`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RunnerLabels {
+    /// The runner's namespace.
+    pub namespace: String,
+    /// Its scale set ("" for a runner made by hand).
+    pub scale_set: String,
+    /// Its phase.
+    pub phase: String,
+}
+
+/// Labels of `arcwright_deregistrations_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeregistrationLabels {
+    /// `self-deregistered`, `remove-now`, `remove-after-job`.
+    pub verdict: String,
+    /// `skipped`, `removed`, `not-found`, `failed`.
+    pub outcome: String,
+}
+
+type HistogramBuilder = fn() -> Histogram;
+
+fn reconcile_buckets() -> Histogram {
+    // 1 ms .. ~16 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// The reconcilers' metrics. Clones share the same series.
+#[derive(Clone, Debug)]
+pub struct ControllerMetrics {
+    /// `arcwright_reconcile_duration_seconds{controller}`.
+    pub duration: Family<ControllerLabels, Histogram, HistogramBuilder>,
+    /// `arcwright_reconcile_errors_total{controller,error}`.
+    pub errors: Family<ErrorLabels, Counter>,
+    /// `arcwright_ephemeral_runners{namespace,scale_set,phase}`.
+    pub runners: Family<RunnerLabels, Gauge>,
+    /// `arcwright_deregistrations_total{verdict,outcome}`.
+    pub deregistrations: Family<DeregistrationLabels, Counter>,
+    /// Where each runner was last counted, so a phase change moves it
+    /// between series instead of recounting every runner on each change.
+    counted: Arc<Mutex<HashMap<(String, String), RunnerLabels>>>,
+}
+
+impl Default for ControllerMetrics {
+    fn default() -> Self {
+        Self {
+            duration: Family::new_with_constructor(reconcile_buckets),
+            errors: Family::default(),
+            runners: Family::default(),
+            deregistrations: Family::default(),
+            counted: Arc::default(),
+        }
+    }
+}
+
+impl ControllerMetrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        registry.register(
+            "arcwright_reconcile_duration_seconds",
+            "Time of one reconcile, by controller",
+            metrics.duration.clone(),
+        );
+        registry.register(
+            "arcwright_reconcile_errors",
+            "Reconciles that failed, by controller and error",
+            metrics.errors.clone(),
+        );
+        registry.register(
+            "arcwright_ephemeral_runners",
+            "EphemeralRunners by namespace, scale set and phase",
+            metrics.runners.clone(),
+        );
+        registry.register(
+            "arcwright_deregistrations",
+            "Runner registrations dealt with when a runner finished, by the policy's verdict and how it ended",
+            metrics.deregistrations.clone(),
+        );
+        metrics
+    }
+
+    /// Times a reconcile of `controller` until the guard is dropped.
+    pub fn time(&self, controller: &str) -> ReconcileTimer {
+        ReconcileTimer {
+            histogram: self
+                .duration
+                .get_or_create(&ControllerLabels {
+                    controller: controller.to_string(),
+                })
+                .clone(),
+            started: Instant::now(),
+        }
+    }
+
+    /// Counts a failed reconcile.
+    pub fn error(&self, controller: &str, error: &str) {
+        self.errors
+            .get_or_create(&ErrorLabels {
+                controller: controller.to_string(),
+                error: error.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a deregistration.
+    pub fn deregistration(&self, verdict: &str, outcome: &str) {
+        self.deregistrations
+            .get_or_create(&DeregistrationLabels {
+                verdict: verdict.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// Records the runner `namespace/name` as being in `labels`, or as gone
+    /// when `None`.
+    pub fn runner(&self, namespace: &str, name: &str, labels: Option<RunnerLabels>) {
+        let key = (namespace.to_string(), name.to_string());
+        let mut counted = self.counted.lock().unwrap_or_else(|e| e.into_inner());
+        let previous = match labels {
+            Some(labels) => {
+                if counted.get(&key) == Some(&labels) {
+                    return;
+                }
+                self.runners.get_or_create(&labels).inc();
+                counted.insert(key, labels)
+            }
+            None => counted.remove(&key),
+        };
+        if let Some(previous) = previous {
+            self.runners.get_or_create(&previous).dec();
+        }
+    }
+}
+
+/// Observes a reconcile's duration when dropped.
+pub struct ReconcileTimer {
+    histogram: Histogram,
+    started: Instant,
+}
+
+impl Drop for ReconcileTimer {
+    fn drop(&mut self) {
+        self.histogram.observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(phase: &str) -> RunnerLabels {
+        RunnerLabels {
+            namespace: "ns".into(),
+            scale_set: "set".into(),
+            phase: phase.into(),
+        }
+    }
+
+    #[test]
+    fn a_runner_moves_between_phases_and_leaves() {
+        let mut registry = Registry::default();
+        let metrics = ControllerMetrics::register(&mut registry);
+        metrics.runner("ns", "a", Some(labels("Pending")));
+        metrics.runner("ns", "b", Some(labels("Pending")));
+        metrics.runner("ns", "a", Some(labels("Running")));
+        metrics.runner("ns", "a", Some(labels("Running")));
+        metrics.runner("ns", "b", None);
+        assert_eq!(metrics.runners.get_or_create(&labels("Pending")).get(), 0);
+        assert_eq!(metrics.runners.get_or_create(&labels("Running")).get(), 1);
+        metrics.deregistration("self-deregistered", "skipped");
+        drop(metrics.time("ephemeral-runner"));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(
+                r#"arcwright_ephemeral_runners{namespace="ns",scale_set="set",phase="Running"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(text.contains(r#"arcwright_deregistrations_total{verdict="self-deregistered",outcome="skipped"} 1"#), "{text}");
+        assert!(
+            text.contains(
+                r#"arcwright_reconcile_duration_seconds_count{controller="ephemeral-runner"} 1"#
+            ),
+            "{text}"
+        );
+    }
+}

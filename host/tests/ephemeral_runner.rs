@@ -1,0 +1,723 @@
+//! The EphemeralRunner controller against the real API server, the fake
+//! Actions service and the runner simulator: one test per behaviour, named
+//! after it.
+//!
+//! Orderings ("the registration is removed before the pod is deleted") are
+//! checked at the moment the later event is observed, from a watch, never by
+//! sleeping and looking.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arcwright::actions::{
+    ActionsClient, ClientOptions, ConfigUrl, Credentials, JitRunnerSetting, RetryPolicy,
+    RunnerScaleSet, Secret as Token,
+};
+use arcwright::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec};
+use arcwright::controllers::ephemeral_runner::{self, Config, Dependencies, plan::Settings};
+use arcwright::controllers::metrics::ControllerMetrics;
+use arcwright::credentials::ActionsClients;
+use arcwright::policy::loader::PolicyLoader;
+use arcwright::policy::reporter::TracingReporter;
+use arcwright::policy::{EngineConfig, PolicyEngine};
+use arcwright::unregistration::PoolConfig;
+use arcwright_harness::TestEnv;
+use fake_actions::{Endpoint, FakeActions, FakeConfig, Fault, FaultKind, JobPhase, JobSpec};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Container, Event, Pod, PodSpec, Secret};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::watcher;
+use runner_simulator::{Rule, Scenario, Simulator, SimulatorConfig, Stage};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn fast_options() -> ClientOptions {
+    ClientOptions {
+        timeout: Duration::from_secs(5),
+        retry: RetryPolicy {
+            max_retries: 3,
+            base_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(40),
+            max_retry_after: Duration::from_secs(2),
+        },
+        ..ClientOptions::default()
+    }
+}
+
+/// Fast versions of the production knobs.
+fn fast_settings() -> Settings {
+    Settings {
+        failure_limit: 5,
+        backoff_base: Duration::from_millis(200),
+        backoff_max: Duration::from_secs(1),
+        registration_timeout: Duration::from_secs(600),
+        terminating_timeout: Duration::from_secs(600),
+        removal_recheck: Duration::from_secs(5),
+        removal_retry: Duration::from_secs(1),
+    }
+}
+
+/// A namespace with the CRDs, the GitHub Secret, a scale set in the fake,
+/// the simulator, and the controller.
+struct World {
+    env: TestEnv,
+    fake: FakeActions,
+    actions: ActionsClient,
+    scale_set_id: i64,
+    sim: Simulator,
+    shutdown: CancellationToken,
+    controller: Option<tokio::task::JoinHandle<()>>,
+    settings: Settings,
+}
+
+impl World {
+    async fn new(name: &str, settings: Settings) -> World {
+        let env = TestEnv::new(name).await;
+        common::install_crds(env.client()).await;
+        let fake = FakeActions::start(FakeConfig::default()).await.unwrap();
+        let secrets: Api<Secret> = Api::namespaced(env.client(), env.namespace());
+        let auth: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "github-auth"},
+            "stringData": {"github_token": fake.pat()},
+        }))
+        .unwrap();
+        secrets.create(&PostParams::default(), &auth).await.unwrap();
+        let actions = ActionsClient::new(
+            ConfigUrl::parse(&fake.org_url("octo")).unwrap(),
+            Credentials::Token(Token::new(fake.pat())),
+            fast_options(),
+        )
+        .unwrap();
+        let set = actions
+            .create_runner_scale_set(&RunnerScaleSet::new("linux", 1, &[]))
+            .await
+            .unwrap();
+        let sim = Simulator::start(
+            env.client(),
+            fake.url(),
+            SimulatorConfig::namespaced(env.namespace()),
+        )
+        .unwrap();
+        let mut world = World {
+            env,
+            fake,
+            actions,
+            scale_set_id: set.id,
+            sim,
+            shutdown: CancellationToken::new(),
+            controller: None,
+            settings,
+        };
+        world.start_controller();
+        world
+    }
+
+    fn start_controller(&mut self) {
+        let client = self.env.client();
+        let deps = Dependencies {
+            client: client.clone(),
+            clients: ActionsClients::new(client.clone(), fast_options()),
+            loader: PolicyLoader::new(
+                PolicyEngine::new(EngineConfig::default()).unwrap(),
+                Some(client),
+            ),
+            reporter: Arc::new(TracingReporter::default()),
+            metrics: ControllerMetrics::default(),
+        };
+        let config = Config {
+            namespace: Some(self.env.namespace().to_string()),
+            settings: self.settings.clone(),
+            pool: PoolConfig {
+                workers: 4,
+                retry_delay: Duration::from_millis(300),
+                max_idle_wait: Duration::from_secs(1),
+            },
+            error_retry: Duration::from_millis(300),
+            ..Config::default()
+        };
+        self.shutdown = CancellationToken::new();
+        self.controller = Some(tokio::spawn(ephemeral_runner::run(
+            deps,
+            config,
+            self.shutdown.clone(),
+        )));
+    }
+
+    /// Stops the controller the way a crash does: mid-flight, nothing
+    /// finished on the way out.
+    fn crash_controller(&mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.controller.take() {
+            task.abort();
+        }
+    }
+
+    fn runners(&self) -> Api<EphemeralRunner> {
+        Api::namespaced(self.env.client(), self.env.namespace())
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.env.client(), self.env.namespace())
+    }
+
+    fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.env.client(), self.env.namespace())
+    }
+
+    async fn create_runner(&self, name: &str) -> EphemeralRunner {
+        let spec = EphemeralRunnerSpec {
+            github_config_url: self.fake.org_url("octo"),
+            github_config_secret: "github-auth".into(),
+            runner_scale_set_id: self.scale_set_id,
+            spec: PodSpec {
+                restart_policy: Some("Never".into()),
+                containers: vec![Container {
+                    name: "runner".into(),
+                    image: Some("ghcr.io/actions/actions-runner:latest".into()),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            },
+            ..EphemeralRunnerSpec::default()
+        };
+        self.runners()
+            .create(&PostParams::default(), &EphemeralRunner::new(name, spec))
+            .await
+            .unwrap()
+    }
+
+    /// Enqueues jobs for the scale set and acquires them, as a listener
+    /// would, so the next runners that come online take them.
+    async fn acquire_jobs(&self, spec: JobSpec) {
+        let ids = self.fake.control().enqueue_jobs(spec);
+        let session = self
+            .actions
+            .create_message_session(self.scale_set_id, "test-listener")
+            .await
+            .unwrap();
+        let ids: Vec<i64> = ids.into_iter().map(|i| i as i64).collect();
+        let acquired = session.acquire_jobs(&ids).await.unwrap();
+        assert_eq!(acquired.len(), ids.len());
+        session.close().await.unwrap();
+    }
+
+    /// Waits until the runner satisfies `done`, or panics with its last state.
+    async fn wait_runner(
+        &self,
+        name: &str,
+        what: &str,
+        done: impl Fn(&EphemeralRunner) -> bool,
+    ) -> EphemeralRunner {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let runner = self.runners().get_opt(name).await.unwrap();
+            if let Some(r) = &runner
+                && done(r)
+            {
+                return r.clone();
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("{name} never {what}: {runner:#?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn wait_gone(&self, name: &str) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while self.runners().get_opt(name).await.unwrap().is_some() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name} was never deleted"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn events(&self, name: &str) -> Vec<(String, String)> {
+        let events: Api<Event> = Api::namespaced(self.env.client(), self.env.namespace());
+        let all = events.list(&Default::default()).await.unwrap();
+        let mut out: Vec<(String, String)> = all
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(name))
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+            .collect();
+        // events.k8s.io events show up in the core API with their note as message.
+        out.sort();
+        out
+    }
+
+    fn ledger(&self) -> fake_actions::Ledger {
+        self.fake.control().ledger()
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+fn phase(r: &EphemeralRunner) -> Option<EphemeralRunnerPhase> {
+    r.status.as_ref().and_then(|s| s.phase)
+}
+
+/// Watches the runner's pod; returns, for the first update that shows the
+/// pod deleted or being deleted, what `check` said at that moment.
+async fn at_pod_deletion<T: Send + 'static>(
+    pods: Api<Pod>,
+    name: &str,
+    check: impl Fn() -> T + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let handle = tokio::spawn(async move {
+        let mut stream = watcher::watcher(pods, config).boxed();
+        let mut ready = Some(ready_tx);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(tx) = ready.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))
+                    if pod.metadata.deletion_timestamp.is_some() =>
+                {
+                    return check();
+                }
+                Ok(watcher::Event::Delete(_)) => return check(),
+                _ => {}
+            }
+        }
+        panic!("the pod watch ended");
+    });
+    let _ = ready_rx.await;
+    handle
+}
+
+#[tokio::test]
+async fn jit_config_to_secret_to_pod_to_running_to_succeeded() {
+    let world = World::new("jit-to-succeeded", fast_settings()).await;
+    world
+        .acquire_jobs(JobSpec::new(1, &[]).lasting(Duration::from_secs(2)))
+        .await;
+    let created = world.create_runner("r-ok").await;
+
+    let running = world
+        .wait_runner("r-ok", "ran", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Running)
+        })
+        .await;
+    let status = running.status.clone().unwrap();
+    assert!(status.runner_id > 0);
+    assert_eq!(status.runner_name.as_deref(), Some("r-ok"));
+    let registered = world.fake.control().runners();
+    assert!(
+        registered
+            .iter()
+            .any(|r| r.id as i64 == status.runner_id && r.name == "r-ok")
+    );
+
+    // The Secret holds the config and is owned by the runner.
+    let secret = world.secrets().get("r-ok").await.unwrap();
+    let owner = &secret.metadata.owner_references.clone().unwrap()[0];
+    assert_eq!(owner.uid, created.metadata.uid.clone().unwrap());
+    assert!(secret.data.unwrap().contains_key("jitToken"));
+
+    // The pod reads it from the Secret: never a literal in the spec.
+    let pod = world.pods().get("r-ok").await.unwrap();
+    let env = pod.spec.unwrap().containers[0].env.clone().unwrap();
+    let jit = env
+        .iter()
+        .find(|e| e.name == "ACTIONS_RUNNER_INPUT_JITCONFIG")
+        .unwrap();
+    assert!(jit.value.is_none());
+    assert_eq!(
+        jit.value_from
+            .as_ref()
+            .unwrap()
+            .secret_key_ref
+            .as_ref()
+            .unwrap()
+            .name,
+        "r-ok"
+    );
+    assert_eq!(
+        pod.metadata.owner_references.unwrap()[0].uid,
+        created.metadata.uid.unwrap()
+    );
+
+    let done = world
+        .wait_runner("r-ok", "succeeded and cleaned up", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Succeeded)
+        })
+        .await;
+    assert_eq!(done.status.as_ref().unwrap().exit_code, Some(0));
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while world.pods().get_opt("r-ok").await.unwrap().is_some()
+        || world.secrets().get_opt("r-ok").await.unwrap().is_some()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pod and Secret deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(world.ledger().jobs_succeeded, 1);
+    // Nothing in status or events carries the config.
+    let text = serde_json::to_string(&done).unwrap() + &format!("{:?}", world.events("r-ok").await);
+    assert!(!text.contains("jitToken\":\""), "{text}");
+}
+
+#[tokio::test]
+async fn a_clean_exit_costs_no_removal_call() {
+    let world = World::new("clean-exit-no-removal", fast_settings()).await;
+    world
+        .acquire_jobs(JobSpec::new(1, &[]).lasting(Duration::from_millis(300)))
+        .await;
+    world.create_runner("r-clean").await;
+    world
+        .wait_runner("r-clean", "recorded its registration gone", |r| {
+            r.status
+                .as_ref()
+                .and_then(|s| s.condition("Registered"))
+                .is_some_and(|c| c.status == "False")
+        })
+        .await;
+    world
+        .runners()
+        .delete("r-clean", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.wait_gone("r-clean").await;
+    let ledger = world.ledger();
+    assert_eq!(ledger.self_deregistered, 1);
+    assert_eq!(ledger.still_registered, 0);
+    assert_eq!(
+        world
+            .fake
+            .control()
+            .counters()
+            .calls(Endpoint::RemoveRunner),
+        0,
+        "a self-deregistered runner costs no removal call"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_runners_registration_is_removed_before_its_pod_is_deleted() {
+    let settings = Settings {
+        failure_limit: 1,
+        ..fast_settings()
+    };
+    let world = World::new("failed-removed-before-pod", settings).await;
+    world.sim.add_rule(Rule::next(1, Scenario::fail()));
+    // The removal is slow: the pod must wait for it.
+    world.fake.control().inject(Fault::new(
+        Endpoint::RemoveRunner,
+        FaultKind::delay(Duration::from_secs(2)),
+        1,
+    ));
+    let fake = world.fake.control();
+    let watch = at_pod_deletion(world.pods(), "r-fail", move || fake.ledger()).await;
+    world.create_runner("r-fail").await;
+    let ledger_at_deletion = tokio::time::timeout(WAIT, watch).await.unwrap().unwrap();
+    assert_eq!(
+        ledger_at_deletion.removed_by_api, 1,
+        "the registration was removed before the pod was deleted"
+    );
+    let failed = world
+        .wait_runner("r-fail", "failed", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Failed)
+        })
+        .await;
+    assert_eq!(failed.status.unwrap().exit_code, Some(1));
+    assert_eq!(world.ledger().still_registered, 0);
+}
+
+#[tokio::test]
+async fn job_still_running_keeps_the_pod() {
+    let world = World::new("job-still-running", fast_settings()).await;
+    world
+        .acquire_jobs(JobSpec::new(1, &[]).lasting(Duration::from_secs(3)))
+        .await;
+    world.create_runner("r-busy").await;
+    world
+        .sim
+        .wait_until(WAIT, |records| {
+            records
+                .iter()
+                .any(|r| matches!(r.stage, Stage::Working { .. }))
+        })
+        .await
+        .expect("the runner took its job");
+    let fake = world.fake.control();
+    let watch = at_pod_deletion(world.pods(), "r-busy", move || fake.jobs()).await;
+    world
+        .runners()
+        .delete("r-busy", &DeleteParams::default())
+        .await
+        .unwrap();
+    let jobs_at_deletion = tokio::time::timeout(WAIT, watch).await.unwrap().unwrap();
+    assert_eq!(
+        jobs_at_deletion[0].phase,
+        JobPhase::Finished,
+        "the pod stayed until its job was over"
+    );
+    world.wait_gone("r-busy").await;
+    let ledger = world.ledger();
+    assert!(ledger.remove_calls_refused_job_running >= 1, "{ledger:?}");
+    assert_eq!(ledger.jobs_succeeded, 1);
+    assert_eq!(
+        ledger.jobs_cancelled_runner_vanished, 0,
+        "the job was never cancelled"
+    );
+    assert_eq!(ledger.still_registered, 0);
+}
+
+#[tokio::test]
+async fn registration_timeout_recreates() {
+    let settings = Settings {
+        registration_timeout: Duration::from_secs(2),
+        ..fast_settings()
+    };
+    let world = World::new("registration-timeout", settings).await;
+    world
+        .sim
+        .add_rule(Rule::next(1, Scenario::never_registers()));
+    world.create_runner("r-silent").await;
+    let records = world
+        .sim
+        .wait_until(WAIT, |records| {
+            records.len() >= 2 && records[1].stage == Stage::Connected
+        })
+        .await
+        .expect("a second pod came up and connected");
+    assert_eq!(records[0].stage, Stage::Deleted);
+    assert_ne!(records[0].uid, records[1].uid);
+    let runner = world.runners().get("r-silent").await.unwrap();
+    let status = runner.status.unwrap();
+    assert_eq!(status.failures.len(), 1);
+    let ledger = world.ledger();
+    assert_eq!(ledger.runners_created, 2, "registered again");
+    assert_eq!(
+        ledger.removed_by_api, 1,
+        "the silent registration was removed"
+    );
+    assert!(
+        world
+            .events("r-silent")
+            .await
+            .iter()
+            .any(|(reason, _)| reason == "RegistrationTimeout")
+    );
+}
+
+#[tokio::test]
+async fn stuck_terminating_pod_force_deleted() {
+    let settings = Settings {
+        terminating_timeout: Duration::from_secs(2),
+        ..fast_settings()
+    };
+    let world = World::new("stuck-terminating", settings).await;
+    world.sim.add_rule(Rule::next(1, Scenario::node_lost()));
+    world
+        .acquire_jobs(JobSpec::new(1, &[]).lasting(Duration::from_secs(600)))
+        .await;
+    world.create_runner("r-lost").await;
+    // Its node is lost while it works: nothing will confirm its deletion.
+    world
+        .sim
+        .wait_until(WAIT, |records| {
+            records.iter().any(|r| r.stage == Stage::NodeLost)
+        })
+        .await
+        .expect("its node was lost");
+    world
+        .runners()
+        .delete("r-lost", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.wait_gone("r-lost").await;
+    assert!(world.pods().get_opt("r-lost").await.unwrap().is_none());
+    let events = world.events("r-lost").await;
+    assert!(
+        events.iter().any(|(reason, _)| reason == "PodForceDeleted"),
+        "{events:?}"
+    );
+    assert_eq!(world.ledger().still_registered, 0);
+}
+
+#[tokio::test]
+async fn failure_backoff_and_limit() {
+    let settings = Settings {
+        failure_limit: 3,
+        ..fast_settings()
+    };
+    let world = World::new("failure-backoff-limit", settings).await;
+    world.sim.set_default_scenario(Scenario::fail());
+    world.create_runner("r-crash").await;
+    let failed = world
+        .wait_runner("r-crash", "failed for good", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Failed)
+                && r.status
+                    .as_ref()
+                    .and_then(|s| s.condition("Registered"))
+                    .is_some_and(|c| c.status == "False")
+        })
+        .await;
+    let status = failed.status.unwrap();
+    assert_eq!(status.reason.as_deref(), Some("TooManyFailures"));
+    assert_eq!(status.failures.len(), 3);
+    assert_eq!(world.sim.runners().len(), 3, "three pods, one per start");
+    let events = world.events("r-crash").await;
+    let retries: Vec<_> = events
+        .iter()
+        .filter(|(r, _)| r == "RunnerPodFailed")
+        .collect();
+    // Repeats of one reason form a series on the first event (events.k8s.io),
+    // so the retries show up as one event.
+    assert!(!retries.is_empty(), "{events:?}");
+    assert!(
+        retries
+            .iter()
+            .all(|(_, m)| m.contains("recreating the runner in"))
+    );
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "RunnerFailed" && m.contains("3 failed starts"))
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while world.ledger().still_registered != 0
+        || world.pods().get_opt("r-crash").await.unwrap().is_some()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            world.ledger()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ledger = world.ledger();
+    assert_eq!((ledger.runners_created, ledger.removed_by_api), (3, 3));
+}
+
+#[tokio::test]
+async fn exit_7_gives_outdated() {
+    let world = World::new("exit-7-outdated", fast_settings()).await;
+    world.sim.set_default_scenario(Scenario::outdated());
+    world.create_runner("r-old").await;
+    let outdated = world
+        .wait_runner("r-old", "became Outdated", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Outdated)
+        })
+        .await;
+    let status = outdated.status.unwrap();
+    assert_eq!(status.exit_code, Some(7));
+    assert_eq!(status.reason.as_deref(), Some("Outdated"));
+    assert_eq!(
+        world.sim.runners().len(),
+        1,
+        "an outdated runner is not recreated"
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while world.ledger().still_registered != 0 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn deleting_a_runner_whose_registration_is_already_gone() {
+    let world = World::new("delete-registration-gone", fast_settings()).await;
+    world.sim.set_default_scenario(Scenario::never_registers());
+    world.create_runner("r-orphan").await;
+    let running = world
+        .wait_runner("r-orphan", "ran", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Running)
+        })
+        .await;
+    // The service forgets the runner behind the controller's back.
+    world
+        .actions
+        .remove_runner(running.status.unwrap().runner_id)
+        .await
+        .unwrap();
+    world
+        .runners()
+        .delete("r-orphan", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.wait_gone("r-orphan").await;
+    assert!(world.pods().get_opt("r-orphan").await.unwrap().is_none());
+    assert!(world.secrets().get_opt("r-orphan").await.unwrap().is_none());
+    assert_eq!(world.ledger().remove_calls_for_absent_runners, 1);
+}
+
+#[tokio::test]
+async fn host_restarted_between_jit_config_and_pod_leaks_no_registration() {
+    let mut world = World::new("restart-leaks-nothing", fast_settings()).await;
+    // A host registered the runner and died before writing its Secret.
+    world.crash_controller();
+    world
+        .actions
+        .generate_jit_runner_config(
+            world.scale_set_id,
+            &JitRunnerSetting {
+                name: "r-crash-window".into(),
+                work_folder: String::new(),
+            },
+        )
+        .await
+        .unwrap();
+    world.create_runner("r-crash-window").await;
+    // The new host starts.
+    world.start_controller();
+    world
+        .wait_runner("r-crash-window", "ran", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Running)
+        })
+        .await;
+    let events = world.events("r-crash-window").await;
+    assert!(
+        events.iter().any(|(r, _)| r == "StaleRegistrationRemoved"),
+        "{events:?}"
+    );
+    // A second restart with the Secret in place reuses it.
+    world.crash_controller();
+    let generated = world
+        .fake
+        .control()
+        .counters()
+        .calls(Endpoint::GenerateJitConfig);
+    world.start_controller();
+    world
+        .runners()
+        .delete("r-crash-window", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.wait_gone("r-crash-window").await;
+    assert_eq!(
+        world
+            .fake
+            .control()
+            .counters()
+            .calls(Endpoint::GenerateJitConfig),
+        generated,
+        "the config in the Secret was reused"
+    );
+    let ledger = world.ledger();
+    assert_eq!(ledger.runners_created, 2);
+    assert_eq!(ledger.duplicate_runner_names, 1);
+    assert_eq!(
+        ledger.still_registered, 0,
+        "no registration leaked: {ledger:?}"
+    );
+}
