@@ -1,0 +1,134 @@
+//! Prometheus metrics of the EphemeralRunnerSet reconciler, as one
+//! registered struct (the policy runtime's pattern).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Labels naming one set.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SetLabels {
+    /// The set's namespace.
+    pub namespace: String,
+    /// The set's name.
+    pub name: String,
+}
+
+/// Labels of the runner-update counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RunnerUpdateLabels {
+    /// The set's namespace.
+    pub namespace: String,
+    /// The set's name.
+    pub name: String,
+    /// `delivered` (woke the set) or `dropped` (nothing the set reads
+    /// changed).
+    pub outcome: String,
+}
+
+/// The set reconciler's metrics. Clones share the same series.
+#[derive(Clone, Debug, Default)]
+pub struct SetMetrics {
+    /// `arcwright_ephemeral_runner_set_reconciles_total{namespace,name}`.
+    pub reconciles: Family<SetLabels, Counter>,
+    /// `arcwright_ephemeral_runner_set_runner_updates_total{namespace,name,outcome}`:
+    /// what the owned watch did with each runner event. The ratio of
+    /// dropped to delivered is what the predicate saves.
+    pub runner_updates: Family<RunnerUpdateLabels, Counter>,
+    /// `arcwright_ephemeral_runner_set_desired_runners{namespace,name}` (ARC's
+    /// `gha_desired_runners`).
+    pub desired: Family<SetLabels, Gauge>,
+    /// `arcwright_ephemeral_runner_set_current_runners{namespace,name}`.
+    pub current: Family<SetLabels, Gauge>,
+}
+
+impl SetMetrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        registry.register(
+            "arcwright_ephemeral_runner_set_reconciles",
+            "Reconciles of an EphemeralRunnerSet",
+            metrics.reconciles.clone(),
+        );
+        registry.register(
+            "arcwright_ephemeral_runner_set_runner_updates",
+            "EphemeralRunner watch events per owning set, delivered or dropped as unchanged",
+            metrics.runner_updates.clone(),
+        );
+        registry.register(
+            "arcwright_ephemeral_runner_set_desired_runners",
+            "spec.replicas of an EphemeralRunnerSet",
+            metrics.desired.clone(),
+        );
+        registry.register(
+            "arcwright_ephemeral_runner_set_current_runners",
+            "Pending, running and failed runners of an EphemeralRunnerSet",
+            metrics.current.clone(),
+        );
+        metrics
+    }
+
+    /// Counts one runner event for the set `namespace/name`.
+    pub fn runner_update(&self, namespace: &str, name: &str, delivered: bool) {
+        self.runner_updates
+            .get_or_create(&RunnerUpdateLabels {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                outcome: if delivered { "delivered" } else { "dropped" }.to_string(),
+            })
+            .inc();
+    }
+
+    /// How many runner events of the set `namespace/name` had `outcome`.
+    pub fn runner_updates_of(&self, namespace: &str, name: &str, outcome: &str) -> u64 {
+        self.runner_updates
+            .get(&RunnerUpdateLabels {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .map_or(0, |c| c.get())
+    }
+
+    /// How many times the set `namespace/name` was reconciled.
+    pub fn reconciles_of(&self, namespace: &str, name: &str) -> u64 {
+        self.reconciles
+            .get(&SetLabels {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            })
+            .map_or(0, |c| c.get())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_are_exposed_under_their_documented_names() {
+        let mut registry = Registry::default();
+        let metrics = SetMetrics::register(&mut registry);
+        metrics.runner_update("ns", "set", false);
+        let labels = SetLabels {
+            namespace: "ns".into(),
+            name: "set".into(),
+        };
+        metrics.desired.get_or_create(&labels).set(3);
+        metrics.reconciles.get_or_create(&labels).inc();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            r#"arcwright_ephemeral_runner_set_runner_updates_total{namespace="ns",name="set",outcome="dropped"} 1"#,
+            r#"arcwright_ephemeral_runner_set_desired_runners{namespace="ns",name="set"} 3"#,
+            r#"arcwright_ephemeral_runner_set_reconciles_total{namespace="ns",name="set"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line}\n{text}");
+        }
+        assert_eq!(metrics.runner_updates_of("ns", "set", "dropped"), 1);
+        assert_eq!(metrics.reconciles_of("ns", "set"), 1);
+    }
+}

@@ -1,0 +1,155 @@
+//! The EphemeralRunnerSet controller: keeps a scale set's runners at what the
+//! listener asks for, without ever taking a runner that has a job.
+//!
+//! Observe, plan, apply: [`reconcile`] reads the set and its runners (listed
+//! from the API server, not a cache, so a runner just created is never
+//! missed and created twice), [`plan`] decides without I/O, and
+//! [`reconcile`] applies the plan with a field manager. [`watch`] decides
+//! which runner events wake a set.
+//!
+//! Every runner records what it was built from: the listener's patch id
+//! (ARC's `patch-id` contract), the set's actionable revision, and the set's
+//! generation. Those three annotations are what lets the plan tell a stale
+//! decision, a stale view and a stale spec apart.
+
+pub mod metrics;
+pub mod plan;
+pub mod reconcile;
+pub mod watch;
+
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt, TryStreamExt};
+use kube::api::Api;
+use kube::runtime::controller::{self, ReconcileReason, ReconcileRequest};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector;
+use kube::runtime::{WatchStreamExt, applier, watcher};
+
+use crate::api::{EphemeralRunner, EphemeralRunnerSet};
+
+pub use metrics::SetMetrics;
+pub use reconcile::Error;
+
+/// The finalizer the set holds until its runners are gone.
+pub const FINALIZER: &str = "ephemeralrunnerset.arcwright.dev/finalizer";
+/// The field manager of every write.
+pub const FIELD_MANAGER: &str = "arcwright-ephemeral-runner-set";
+/// The name events are reported under.
+pub const CONTROLLER_NAME: &str = "ephemeral-runner-set";
+
+/// Labels on the runners a set creates.
+pub mod labels {
+    /// The set a runner belongs to: how the set lists and watches them.
+    pub const SET: &str = "arcwright.dev/ephemeral-runner-set";
+}
+
+/// Annotations on the runners a set creates.
+pub mod annotations {
+    /// The listener's patch id the runner was created under (ARC's
+    /// `actions.github.com/patch-id`).
+    pub const PATCH_ID: &str = "arcwright.dev/patch-id";
+    /// The `spec.actionableRevision` the runner was built from.
+    pub const REVISION: &str = "arcwright.dev/actionable-revision";
+    /// The set's `metadata.generation` the runner was built from.
+    pub const SET_GENERATION: &str = "arcwright.dev/set-generation";
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    /// The client.
+    pub client: kube::Client,
+    /// Where events go.
+    pub recorder: Recorder,
+    /// The metrics.
+    pub metrics: SetMetrics,
+}
+
+impl Context {
+    /// A context reporting events as this controller.
+    pub fn new(client: kube::Client, metrics: SetMetrics) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: format!("arcwright-{CONTROLLER_NAME}"),
+                instance: None,
+            },
+        );
+        Self {
+            client,
+            recorder,
+            metrics,
+        }
+    }
+}
+
+/// Runs the controller over the sets of `namespace` (all namespaces when
+/// `None`) until the returned future is dropped or its task aborted.
+///
+/// The set's own watch delivers every update (the reconciler hands work to
+/// its next pass through status writes); the runners' watch goes through
+/// [`watch::RunnerFilter`].
+pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, concurrency: u16) {
+    let (sets, runners): (Api<EphemeralRunnerSet>, Api<EphemeralRunner>) = match namespace {
+        Some(ns) => (
+            Api::namespaced(ctx.client.clone(), ns),
+            Api::namespaced(ctx.client.clone(), ns),
+        ),
+        None => (Api::all(ctx.client.clone()), Api::all(ctx.client.clone())),
+    };
+    let (reader, writer) = reflector::store();
+    let own = controller::trigger_self(
+        watcher(sets, watcher::Config::default())
+            .default_backoff()
+            .reflect(writer)
+            .applied_objects(),
+        (),
+    );
+    let owned = owned_triggers(
+        watcher(runners, watcher::Config::default().labels(labels::SET)).default_backoff(),
+        ctx.metrics.clone(),
+    );
+    let queue = futures::stream::select(own.boxed(), owned.boxed());
+    applier(
+        |set, ctx| Box::pin(reconcile::reconcile(set, ctx)),
+        reconcile::error_policy,
+        ctx.clone(),
+        reader,
+        queue,
+        controller::Config::default().concurrency(concurrency),
+    )
+    .for_each(|result| async move {
+        if let Err(error) = result {
+            tracing::warn!(%error, "ephemeral runner set reconcile failed");
+        }
+    })
+    .await;
+}
+
+/// Runner events turned into wake-ups of their sets, with what the filter
+/// dropped counted.
+fn owned_triggers(
+    events: impl Stream<Item = Result<watcher::Event<EphemeralRunner>, watcher::Error>> + Send + 'static,
+    metrics: SetMetrics,
+) -> impl Stream<Item = Result<ReconcileRequest<EphemeralRunnerSet>, watcher::Error>> + Send {
+    let mut filter = watch::RunnerFilter::default();
+    events
+        .map_ok(move |event| {
+            let requests: Vec<_> = filter
+                .judge(event)
+                .into_iter()
+                .filter_map(|judged| {
+                    let namespace = judged.owner.namespace.clone().unwrap_or_default();
+                    metrics.runner_update(&namespace, &judged.owner.name, judged.delivered);
+                    judged.delivered.then(|| ReconcileRequest {
+                        obj_ref: judged.owner,
+                        reason: ReconcileReason::Custom {
+                            reason: "an owned EphemeralRunner changed".into(),
+                        },
+                    })
+                })
+                .collect();
+            futures::stream::iter(requests.into_iter().map(Ok))
+        })
+        .try_flatten()
+}

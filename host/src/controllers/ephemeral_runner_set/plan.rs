@@ -1,0 +1,663 @@
+//! What an EphemeralRunnerSet should do next, decided from a snapshot of the
+//! set and its runners, without I/O.
+//!
+//! The rules, in the order they are applied:
+//!
+//! 1. A set being deleted releases every runner that is not running a job
+//!    and keeps its finalizer until no runner is left; a runner with a job
+//!    finishes it first.
+//! 2. A new `spec.actionableRevision` is applied by cleanup first: every
+//!    runner built from an older revision that has no job is deleted (busy
+//!    ones are left to finish), and `status.appliedActionableRevision` moves
+//!    only once none of them remains. The marker lives in the status and is
+//!    written last, so a controller that dies part-way comes back behind the
+//!    spec and redoes the cleanup instead of skipping runners of the old
+//!    spec (seed 004).
+//! 3. Finished runners (Succeeded, or Failed, which the runner's own
+//!    controller only reports once its failure limit is spent) are deleted;
+//!    the runner's finalizer takes care of its registration.
+//! 4. An Outdated runner built from an older revision than the applied one
+//!    judged a spec that no longer exists: it is deleted and replaced. One
+//!    built from the applied revision judged the current spec: it holds the
+//!    set in phase Outdated and no runner is created, since a fresh runner of
+//!    the same spec would only report Outdated again, forever.
+//! 5. Scaling follows ARC's patch-id contract with the listener: runners are
+//!    created up to `replicas` unless the current patch id was already acted
+//!    on (a runner carries it); scale-down happens only on patch id 0, and
+//!    removes only idle runners (registered, no job).
+//! 6. A view of the set older than a runner it made (the runner records the
+//!    set's generation it was built from) decides nothing: the cache is
+//!    behind, and acting on it could remove runners a newer decision asked
+//!    for.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::api::{EphemeralRunnerPhase, EphemeralRunnerSetPhase, EphemeralRunnerSetStatus};
+
+/// How soon a set whose cleanup waits on runners being deleted looks again.
+/// Deletions wake it through the owned watch; this is the safety net.
+pub const CLEANUP_POLL: Duration = Duration::from_secs(10);
+
+/// How often a settled set is looked at even if nothing wakes it: the
+/// eventual-consistency net for a missed watch event.
+pub const RESYNC: Duration = Duration::from_secs(300);
+
+/// What the plan needs to know about the set.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SetView {
+    /// `metadata.generation`.
+    pub generation: i64,
+    /// Whether the set is being deleted.
+    pub deleting: bool,
+    /// Whether our finalizer is on it.
+    pub has_finalizer: bool,
+    /// `spec.replicas`.
+    pub replicas: i32,
+    /// `spec.patchID`.
+    pub patch_id: i32,
+    /// `spec.actionableRevision`.
+    pub actionable_revision: i64,
+    /// The status as it is now.
+    pub status: EphemeralRunnerSetStatus,
+}
+
+/// What the plan needs to know about one runner of the set.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunnerView {
+    /// Its name.
+    pub name: String,
+    /// Its creation time, to remove the oldest first.
+    pub created: Option<Time>,
+    /// Whether it is being deleted.
+    pub deleting: bool,
+    /// `status.phase`.
+    pub phase: Option<EphemeralRunnerPhase>,
+    /// `status.runnerId`: non-zero once registered.
+    pub runner_id: i64,
+    /// Whether the listener recorded a job for it.
+    pub has_job: bool,
+    /// The patch id it was created under (annotation).
+    pub patch_id: Option<i32>,
+    /// The revision it was built from (annotation); absent counts as 0.
+    pub revision: i64,
+    /// The set generation it was built from (annotation).
+    pub set_generation: Option<i64>,
+}
+
+impl RunnerView {
+    fn phase(&self) -> EphemeralRunnerPhase {
+        self.phase.unwrap_or_default()
+    }
+
+    /// Registered and without a job: the only runners scale-down may take.
+    fn idle(&self) -> bool {
+        self.runner_id != 0 && !self.has_job
+    }
+}
+
+/// Why a runner is deleted; also the reason of the event that reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeleteReason {
+    /// The set is being deleted.
+    SetDeleted,
+    /// Built from an older revision than the one being applied.
+    OldRevision,
+    /// Succeeded or Failed.
+    Finished,
+    /// Outdated against a revision that is no longer applied.
+    StaleOutdated,
+    /// More runners than `replicas`, on patch id 0.
+    ScaleDown,
+}
+
+impl DeleteReason {
+    /// A stable name for events and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SetDeleted => "SetDeleted",
+            Self::OldRevision => "OldRevision",
+            Self::Finished => "Finished",
+            Self::StaleOutdated => "StaleOutdated",
+            Self::ScaleDown => "ScaleDown",
+        }
+    }
+}
+
+/// Runners to create, all alike.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Creation {
+    /// How many.
+    pub count: i32,
+    /// The patch id to record on them.
+    pub patch_id: i32,
+    /// The revision they are built from.
+    pub revision: i64,
+    /// The set generation they are built from.
+    pub set_generation: i64,
+}
+
+/// What to do, in the order the apply layer does it: finalizer, deletions,
+/// creations, then the status, last.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    /// Add our finalizer, then look again (nothing else is done first, so
+    /// no runner exists that a deletion could orphan).
+    pub add_finalizer: bool,
+    /// Runners to delete, by name.
+    pub delete: Vec<(String, DeleteReason)>,
+    /// Runners to create.
+    pub create: Option<Creation>,
+    /// The status to write, when it differs from the current one. It
+    /// carries the applied revision, so it is written only after the
+    /// deletions and creations succeeded.
+    pub status: Option<EphemeralRunnerSetStatus>,
+    /// Remove our finalizer: the set is deleted and no runner is left.
+    pub remove_finalizer: bool,
+    /// When to look again without being woken.
+    pub requeue: Duration,
+}
+
+/// Decides what the set does next.
+pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
+    if set.deleting {
+        return plan_deletion(set, runners);
+    }
+    if !set.has_finalizer {
+        return Plan {
+            add_finalizer: true,
+            requeue: RESYNC,
+            ..Plan::default()
+        };
+    }
+    if let Some(newest) = runners.iter().filter_map(|r| r.set_generation).max()
+        && newest > set.generation
+    {
+        // Rule 6: our copy of the set predates a runner it made.
+        return Plan {
+            requeue: CLEANUP_POLL,
+            ..Plan::default()
+        };
+    }
+
+    let mut delete = Vec::new();
+    let mut applied = set.status.applied_actionable_revision;
+    let mut waiting = false;
+    if set.actionable_revision > applied {
+        // Rule 2.
+        for r in runners
+            .iter()
+            .filter(|r| r.revision < set.actionable_revision)
+        {
+            if r.has_job {
+                continue;
+            }
+            if r.deleting {
+                waiting = true;
+            } else {
+                delete.push((r.name.clone(), DeleteReason::OldRevision));
+            }
+        }
+        if delete.is_empty() && !waiting {
+            applied = set.actionable_revision;
+        }
+    }
+    let cleanup_done = applied >= set.actionable_revision;
+
+    let mut live: Vec<&RunnerView> = Vec::new();
+    let mut current_outdated = false;
+    for r in runners.iter().filter(|r| !r.deleting) {
+        if delete.iter().any(|(name, _)| *name == r.name) {
+            continue;
+        }
+        match r.phase() {
+            EphemeralRunnerPhase::Succeeded | EphemeralRunnerPhase::Failed => {
+                delete.push((r.name.clone(), DeleteReason::Finished));
+            }
+            EphemeralRunnerPhase::Outdated if r.revision < applied => {
+                delete.push((r.name.clone(), DeleteReason::StaleOutdated));
+            }
+            EphemeralRunnerPhase::Outdated => current_outdated = true,
+            EphemeralRunnerPhase::Pending | EphemeralRunnerPhase::Running => live.push(r),
+        }
+    }
+
+    let total = i32::try_from(live.len()).unwrap_or(i32::MAX);
+    let latest_patch_id = runners.iter().filter_map(|r| r.patch_id).max();
+    let acted_on = set.patch_id != 0 && latest_patch_id == Some(set.patch_id);
+    let mut create = None;
+    if cleanup_done && !current_outdated && !acted_on && total < set.replicas {
+        create = Some(Creation {
+            count: set.replicas - total,
+            patch_id: set.patch_id,
+            revision: applied,
+            set_generation: set.generation,
+        });
+    }
+    if set.patch_id == 0 && total > set.replicas {
+        // Rule 5: pending runners go before running ones, oldest first.
+        let mut idle: Vec<&RunnerView> = live.iter().copied().filter(|r| r.idle()).collect();
+        idle.sort_by(|a, b| {
+            let rank = |r: &RunnerView| r.phase() != EphemeralRunnerPhase::Pending;
+            (rank(a), &a.created, &a.name).cmp(&(rank(b), &b.created, &b.name))
+        });
+        let excess = usize::try_from(total - set.replicas).unwrap_or(0);
+        delete.extend(
+            idle.into_iter()
+                .take(excess)
+                .map(|r| (r.name.clone(), DeleteReason::ScaleDown)),
+        );
+    }
+
+    let status = status(set, runners, applied, current_outdated);
+    Plan {
+        delete,
+        create,
+        status: (status != set.status).then_some(status),
+        requeue: if cleanup_done { RESYNC } else { CLEANUP_POLL },
+        ..Plan::default()
+    }
+}
+
+fn plan_deletion(set: &SetView, runners: &[RunnerView]) -> Plan {
+    if !set.has_finalizer {
+        return Plan {
+            requeue: RESYNC,
+            ..Plan::default()
+        };
+    }
+    let delete: Vec<_> = runners
+        .iter()
+        .filter(|r| !r.deleting && !r.has_job)
+        .map(|r| (r.name.clone(), DeleteReason::SetDeleted))
+        .collect();
+    Plan {
+        delete,
+        remove_finalizer: runners.is_empty(),
+        requeue: CLEANUP_POLL,
+        ..Plan::default()
+    }
+}
+
+/// The counts as ARC reports them (runners being deleted are not counted),
+/// the phase, and the revision that is applied once this plan is.
+fn status(
+    set: &SetView,
+    runners: &[RunnerView],
+    applied: i64,
+    current_outdated: bool,
+) -> EphemeralRunnerSetStatus {
+    let count = |phase: EphemeralRunnerPhase| {
+        let n = runners
+            .iter()
+            .filter(|r| !r.deleting && r.phase() == phase)
+            .count();
+        i32::try_from(n).unwrap_or(i32::MAX)
+    };
+    let pending = count(EphemeralRunnerPhase::Pending);
+    let running = count(EphemeralRunnerPhase::Running);
+    let failed = count(EphemeralRunnerPhase::Failed);
+    EphemeralRunnerSetStatus {
+        current_replicas: pending + running + failed,
+        pending_ephemeral_runners: pending,
+        running_ephemeral_runners: running,
+        failed_ephemeral_runners: failed,
+        phase: Some(if current_outdated {
+            EphemeralRunnerSetPhase::Outdated
+        } else {
+            EphemeralRunnerSetPhase::Running
+        }),
+        applied_actionable_revision: applied,
+        observed_generation: Some(set.generation),
+        conditions: set.status.conditions.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use EphemeralRunnerPhase::*;
+
+    fn set(replicas: i32, patch_id: i32) -> SetView {
+        SetView {
+            generation: 3,
+            has_finalizer: true,
+            replicas,
+            patch_id,
+            actionable_revision: 1,
+            status: EphemeralRunnerSetStatus {
+                applied_actionable_revision: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    /// A runner builder that reads as the state it describes.
+    fn runner(name: &str) -> RunnerView {
+        RunnerView {
+            name: name.into(),
+            phase: Some(Pending),
+            revision: 1,
+            set_generation: Some(1),
+            ..Default::default()
+        }
+    }
+
+    impl RunnerView {
+        fn registered(mut self) -> Self {
+            self.runner_id = 42;
+            self
+        }
+        fn running(mut self) -> Self {
+            self.phase = Some(Running);
+            self.registered()
+        }
+        fn busy(mut self) -> Self {
+            self.has_job = true;
+            self
+        }
+        fn in_phase(mut self, phase: EphemeralRunnerPhase) -> Self {
+            self.phase = Some(phase);
+            self
+        }
+        fn revision(mut self, revision: i64) -> Self {
+            self.revision = revision;
+            self
+        }
+        fn patch(mut self, id: i32) -> Self {
+            self.patch_id = Some(id);
+            self
+        }
+        fn deleting(mut self) -> Self {
+            self.deleting = true;
+            self
+        }
+        fn created_at(mut self, second: u8) -> Self {
+            self.created = Some(Time(
+                format!("2026-01-01T00:00:{second:02}Z").parse().unwrap(),
+            ));
+            self
+        }
+    }
+
+    fn deleted(plan: &Plan) -> Vec<(&str, DeleteReason)> {
+        plan.delete.iter().map(|(n, r)| (n.as_str(), *r)).collect()
+    }
+
+    fn created(plan: &Plan) -> i32 {
+        plan.create.map_or(0, |c| c.count)
+    }
+
+    #[test]
+    fn a_set_without_the_finalizer_only_gets_it() {
+        let mut s = set(3, 0);
+        s.has_finalizer = false;
+        let p = plan(&s, &[]);
+        assert!(p.add_finalizer);
+        assert_eq!(created(&p), 0);
+        assert!(p.status.is_none());
+    }
+
+    #[test]
+    fn scale_up_creates_the_missing_runners_with_the_patch_id_and_revision() {
+        let p = plan(&set(3, 4), &[runner("a").running()]);
+        assert_eq!(
+            p.create,
+            Some(Creation {
+                count: 2,
+                patch_id: 4,
+                revision: 1,
+                set_generation: 3
+            })
+        );
+        assert!(p.delete.is_empty());
+    }
+
+    #[test]
+    fn a_patch_id_already_acted_on_creates_nothing() {
+        // One runner of patch 4 finished and was removed: the listener has
+        // to send a new patch for a replacement, as in ARC.
+        let p = plan(&set(3, 4), &[runner("a").running().patch(4)]);
+        assert_eq!(created(&p), 0);
+        // Patch 0 is never "acted on": it always reconciles the count.
+        let p = plan(&set(3, 0), &[runner("a").running().patch(0)]);
+        assert_eq!(created(&p), 2);
+    }
+
+    #[test]
+    fn scale_down_on_patch_zero_takes_idle_runners_pending_first_oldest_first() {
+        let runners = [
+            runner("running-old").running().created_at(1),
+            runner("busy").running().busy().created_at(0),
+            runner("pending-new").registered().created_at(5),
+            runner("pending-old").registered().created_at(2),
+            runner("unregistered").created_at(0),
+            runner("running-new").running().created_at(9),
+        ];
+        let p = plan(&set(2, 0), &runners);
+        assert_eq!(
+            deleted(&p),
+            [
+                ("pending-old", DeleteReason::ScaleDown),
+                ("pending-new", DeleteReason::ScaleDown),
+                ("running-old", DeleteReason::ScaleDown),
+                ("running-new", DeleteReason::ScaleDown),
+            ],
+            "neither the busy nor the unregistered runner is taken"
+        );
+    }
+
+    #[test]
+    fn scale_down_never_takes_a_runner_with_a_job_even_when_short() {
+        let runners = [runner("a").running().busy(), runner("b").running().busy()];
+        let p = plan(&set(0, 0), &runners);
+        assert!(p.delete.is_empty());
+    }
+
+    #[test]
+    fn a_decision_with_a_patch_id_never_scales_down() {
+        // Patch ids restart at 0 when the listener goes quiet, so they are
+        // not ordered across sequences: a non-zero id cannot prove that the
+        // runners it would remove predate it. Older, newer or equal, such a
+        // decision removes nothing.
+        let runners = [
+            runner("a").running().patch(5),
+            runner("b").running().patch(5),
+            runner("c").running().patch(5),
+        ];
+        for patch_id in [3, 5, 8] {
+            let p = plan(&set(1, patch_id), &runners);
+            assert!(p.delete.is_empty(), "patch {patch_id}");
+            assert_eq!(created(&p), 0);
+        }
+        assert_eq!(plan(&set(1, 0), &runners).delete.len(), 2);
+    }
+
+    #[test]
+    fn a_view_of_the_set_older_than_its_runners_decides_nothing() {
+        let mut young = runner("a").running().patch(0);
+        young.set_generation = Some(4);
+        let p = plan(&set(0, 0), &[young.clone(), runner("b").running()]);
+        assert!(p.delete.is_empty() && p.create.is_none() && p.status.is_none());
+        young.set_generation = Some(3);
+        assert_eq!(
+            plan(&set(0, 0), &[young, runner("b").running()])
+                .delete
+                .len(),
+            2
+        );
+    }
+
+    #[test]
+    fn finished_runners_are_deleted_and_replaced() {
+        let runners = [
+            runner("ok").in_phase(Succeeded),
+            runner("failed").in_phase(Failed).busy(),
+            runner("live").running(),
+        ];
+        let p = plan(&set(3, 0), &runners);
+        assert_eq!(
+            deleted(&p),
+            [
+                ("ok", DeleteReason::Finished),
+                ("failed", DeleteReason::Finished)
+            ]
+        );
+        assert_eq!(created(&p), 2);
+        let status = p.status.clone().unwrap();
+        assert_eq!(
+            (
+                status.current_replicas,
+                status.running_ephemeral_runners,
+                status.failed_ephemeral_runners
+            ),
+            (2, 1, 1),
+            "counted as ARC counts them until they are gone"
+        );
+    }
+
+    #[test]
+    fn a_new_revision_deletes_idle_runners_of_older_ones_and_leaves_busy_ones() {
+        let mut s = set(3, 0);
+        s.actionable_revision = 2;
+        let runners = [
+            runner("idle").running(),
+            runner("pending"),
+            runner("busy").running().busy(),
+            runner("done").in_phase(Outdated),
+            runner("new").running().revision(2),
+        ];
+        let p = plan(&s, &runners);
+        assert_eq!(
+            deleted(&p),
+            [
+                ("idle", DeleteReason::OldRevision),
+                ("pending", DeleteReason::OldRevision),
+                ("done", DeleteReason::OldRevision),
+            ]
+        );
+        assert_eq!(created(&p), 0, "nothing is created while cleaning up");
+        let status = p.status.clone().unwrap();
+        assert_eq!(status.applied_actionable_revision, 1, "not applied yet");
+        assert_eq!(p.requeue, CLEANUP_POLL);
+    }
+
+    #[test]
+    fn a_revision_is_applied_only_once_its_deleted_runners_are_gone() {
+        let mut s = set(2, 0);
+        s.actionable_revision = 2;
+        // Deleted but still there (its finalizer deregisters it): it could
+        // still be handed a job with the old spec, so the cleanup waits.
+        let waiting = [runner("going").deleting(), runner("busy").running().busy()];
+        let p = plan(&s, &waiting);
+        assert!(p.delete.is_empty());
+        assert_eq!(p.status.clone().unwrap().applied_actionable_revision, 1);
+        assert_eq!(created(&p), 0);
+
+        let p = plan(&s, &[runner("busy").running().busy()]);
+        let status = p.status.clone().unwrap();
+        assert_eq!(status.applied_actionable_revision, 2);
+        assert_eq!(
+            p.create,
+            Some(Creation {
+                count: 1,
+                patch_id: 0,
+                revision: 2,
+                set_generation: 3
+            }),
+            "new runners are built from the applied revision"
+        );
+    }
+
+    #[test]
+    fn a_crash_before_the_status_write_redoes_the_cleanup() {
+        // The status still says revision 1 applied: the plan is the same as
+        // before the crash, whatever part of the deletions went through.
+        let mut s = set(1, 0);
+        s.actionable_revision = 2;
+        let before = plan(&s, &[runner("a").running(), runner("b").running()]);
+        assert_eq!(before.delete.len(), 2);
+        let after_half = plan(&s, &[runner("b").running()]);
+        assert_eq!(deleted(&after_half), [("b", DeleteReason::OldRevision)]);
+        assert_eq!(after_half.status.unwrap().applied_actionable_revision, 1);
+    }
+
+    #[test]
+    fn stale_outdated_runners_are_replaced() {
+        let mut s = set(2, 0);
+        s.actionable_revision = 2;
+        s.status.applied_actionable_revision = 2;
+        let p = plan(
+            &s,
+            &[runner("old").in_phase(Outdated), runner("new").revision(2)],
+        );
+        assert_eq!(deleted(&p), [("old", DeleteReason::StaleOutdated)]);
+        assert_eq!(created(&p), 1);
+        assert_eq!(
+            p.status.clone().unwrap().phase,
+            Some(EphemeralRunnerSetPhase::Running)
+        );
+    }
+
+    #[test]
+    fn a_current_outdated_runner_holds_the_set_outdated_and_creates_nothing() {
+        let runners = [runner("out").in_phase(Outdated), runner("idle").running()];
+        let p = plan(&set(5, 0), &runners);
+        assert_eq!(created(&p), 0);
+        assert!(p.delete.is_empty(), "the verdict is kept, not replaced");
+        assert_eq!(
+            p.status.clone().unwrap().phase,
+            Some(EphemeralRunnerSetPhase::Outdated)
+        );
+        // Pinned to zero by its owner, the idle runner goes.
+        let p = plan(&set(0, 0), &runners);
+        assert_eq!(deleted(&p), [("idle", DeleteReason::ScaleDown)]);
+    }
+
+    #[test]
+    fn an_advanced_revision_releases_an_outdated_set() {
+        let mut s = set(1, 0);
+        s.actionable_revision = 2;
+        s.status.phase = Some(EphemeralRunnerSetPhase::Outdated);
+        let p = plan(&s, &[runner("out").in_phase(Outdated)]);
+        assert_eq!(deleted(&p), [("out", DeleteReason::OldRevision)]);
+        let p = plan(&s, &[]);
+        let status = p.status.clone().unwrap();
+        assert_eq!(status.phase, Some(EphemeralRunnerSetPhase::Running));
+        assert_eq!(status.applied_actionable_revision, 2);
+        assert_eq!(created(&p), 1);
+    }
+
+    #[test]
+    fn an_unchanged_status_is_not_written() {
+        let mut s = set(1, 0);
+        let runners = [runner("a").running()];
+        s.status = plan(&s, &runners).status.unwrap();
+        let p = plan(&s, &runners);
+        assert_eq!(
+            p,
+            Plan {
+                requeue: RESYNC,
+                ..Plan::default()
+            }
+        );
+    }
+
+    #[test]
+    fn deletion_releases_idle_runners_and_waits_for_busy_ones() {
+        let mut s = set(3, 0);
+        s.deleting = true;
+        let p = plan(
+            &s,
+            &[runner("idle").running(), runner("busy").running().busy()],
+        );
+        assert_eq!(deleted(&p), [("idle", DeleteReason::SetDeleted)]);
+        assert!(!p.remove_finalizer);
+        let p = plan(&s, &[runner("idle").deleting()]);
+        assert!(p.delete.is_empty() && !p.remove_finalizer);
+        assert!(plan(&s, &[]).remove_finalizer);
+        assert!(p.create.is_none());
+    }
+}

@@ -1,0 +1,347 @@
+//! The thin layers around [`plan`](super::plan): what a set and its runners
+//! look like to the plan, and how a plan is carried out.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::metrics::SetLabels;
+use super::plan::{self, Creation, DeleteReason, Plan, RunnerView, SetView};
+use super::{Context, FIELD_MANAGER, FINALIZER, annotations, labels};
+use crate::api::{EphemeralRunner, EphemeralRunnerSet};
+
+/// Why a reconcile failed. Each variant names the step, so the message says
+/// what the controller was doing.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The set lacks a name, namespace or uid (never true of a stored object).
+    #[error("the EphemeralRunnerSet has no {0}")]
+    MissingMetadata(&'static str),
+    /// Listing the set's runners failed.
+    #[error("listing the runners: {0}")]
+    List(#[source] kube::Error),
+    /// Creating a runner failed.
+    #[error("creating a runner: {0}")]
+    Create(#[source] kube::Error),
+    /// Deleting a runner failed.
+    #[error("deleting runner {name}: {source}")]
+    Delete {
+        /// The runner.
+        name: String,
+        /// The error.
+        source: kube::Error,
+    },
+    /// Writing the set's finalizer or status failed.
+    #[error("updating the set: {0}")]
+    Update(#[source] kube::Error),
+}
+
+impl Error {
+    /// A stable label for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::MissingMetadata(_) => "missing-metadata",
+            Self::List(_) => "list",
+            Self::Create(_) => "create",
+            Self::Delete { .. } => "delete",
+            Self::Update(_) => "update",
+        }
+    }
+}
+
+/// Retries a failed reconcile soon: everything it does is idempotent.
+pub fn error_policy(set: Arc<EphemeralRunnerSet>, error: &Error, _: Arc<Context>) -> Action {
+    tracing::warn!(set = %set.name_any(), error = %error, kind = error.label(), "reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// One pass: observe, plan, apply.
+pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = set.namespace().ok_or(Error::MissingMetadata("namespace"))?;
+    let name = set.name_any();
+    let uid = set.uid().ok_or(Error::MissingMetadata("uid"))?;
+    let set_labels = SetLabels {
+        namespace: namespace.clone(),
+        name: name.clone(),
+    };
+    ctx.metrics.reconciles.get_or_create(&set_labels).inc();
+
+    let runners_api: Api<EphemeralRunner> = Api::namespaced(ctx.client.clone(), &namespace);
+    let runners: Vec<EphemeralRunner> = runners_api
+        .list(&ListParams::default().labels(&format!("{}={name}", labels::SET)))
+        .await
+        .map_err(Error::List)?
+        .items
+        .into_iter()
+        .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
+        .collect();
+    let views: Vec<RunnerView> = runners.iter().map(runner_view).collect();
+    let plan = plan::plan(&set_view(&set), &views);
+
+    let sets_api: Api<EphemeralRunnerSet> = Api::namespaced(ctx.client.clone(), &namespace);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    if plan.add_finalizer {
+        let mut finalizers = set.finalizers().to_vec();
+        finalizers.push(FINALIZER.into());
+        patch_finalizers(&sets_api, &set, finalizers, &params).await?;
+        return Ok(Action::requeue(Duration::ZERO));
+    }
+
+    delete_runners(&runners_api, &runners, &plan).await?;
+    report_deletions(&ctx, &set, &plan).await;
+    if let Some(creation) = plan.create {
+        create_runners(&runners_api, &set, creation).await?;
+        event(
+            &ctx,
+            &set,
+            "ScaledUp",
+            format!("Created {} runner(s)", creation.count),
+        )
+        .await;
+    }
+    if let Some(status) = &plan.status {
+        // Last: the applied revision it may carry must not be recorded
+        // before the cleanup it stands for went through.
+        sets_api
+            .patch_status(&name, &params, &Patch::Merge(json!({ "status": status })))
+            .await
+            .map_err(Error::Update)?;
+        let before = set.status.clone().unwrap_or_default();
+        if status.applied_actionable_revision != before.applied_actionable_revision {
+            event(
+                &ctx,
+                &set,
+                "RevisionApplied",
+                format!(
+                    "Runners of revisions before {} are cleaned up",
+                    status.applied_actionable_revision
+                ),
+            )
+            .await;
+        }
+        if status.phase != before.phase {
+            let phase = status.phase.map(|p| format!("{p:?}")).unwrap_or_default();
+            event(&ctx, &set, "PhaseChanged", format!("Phase is {phase}")).await;
+        }
+        ctx.metrics
+            .current
+            .get_or_create(&set_labels)
+            .set(i64::from(status.current_replicas));
+    }
+    ctx.metrics
+        .desired
+        .get_or_create(&set_labels)
+        .set(i64::from(set.spec.replicas));
+    if plan.remove_finalizer {
+        let finalizers = set
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .cloned()
+            .collect();
+        patch_finalizers(&sets_api, &set, finalizers, &params).await?;
+        ctx.metrics.current.remove(&set_labels);
+        ctx.metrics.desired.remove(&set_labels);
+        return Ok(Action::await_change());
+    }
+    Ok(Action::requeue(plan.requeue))
+}
+
+/// What the plan needs of the set.
+pub fn set_view(set: &EphemeralRunnerSet) -> SetView {
+    SetView {
+        generation: set.metadata.generation.unwrap_or_default(),
+        deleting: set.metadata.deletion_timestamp.is_some(),
+        has_finalizer: set.finalizers().iter().any(|f| f == FINALIZER),
+        replicas: set.spec.replicas,
+        patch_id: set.spec.patch_id,
+        actionable_revision: set.spec.actionable_revision,
+        status: set.status.clone().unwrap_or_default(),
+    }
+}
+
+/// What the plan needs of a runner.
+pub fn runner_view(runner: &EphemeralRunner) -> RunnerView {
+    let annotation = |key: &str| runner.annotations().get(key).and_then(|v| v.parse().ok());
+    let status = runner.status.clone().unwrap_or_default();
+    RunnerView {
+        name: runner.name_any(),
+        created: runner.metadata.creation_timestamp.clone(),
+        deleting: runner.metadata.deletion_timestamp.is_some(),
+        phase: status.phase,
+        runner_id: status.runner_id,
+        has_job: status.has_job(),
+        patch_id: annotation(annotations::PATCH_ID).and_then(|v: i64| i32::try_from(v).ok()),
+        revision: annotation(annotations::REVISION).unwrap_or(0),
+        set_generation: annotation(annotations::SET_GENERATION),
+    }
+}
+
+/// Builds one runner of `set`.
+pub fn new_runner(set: &EphemeralRunnerSet, creation: Creation) -> EphemeralRunner {
+    let name = set.name_any();
+    let extra = set
+        .spec
+        .ephemeral_runner_metadata
+        .clone()
+        .unwrap_or_default();
+    let mut runner_labels: BTreeMap<String, String> = extra.labels.unwrap_or_default();
+    for (key, value) in set.labels() {
+        runner_labels
+            .entry(key.clone())
+            .or_insert_with(|| value.clone());
+    }
+    runner_labels.insert(labels::SET.into(), name.clone());
+    runner_labels.insert(crate::api::labels::COMPONENT.into(), "runner".into());
+    runner_labels.insert(crate::api::labels::PART_OF.into(), "arcwright".into());
+    let mut runner_annotations = extra.annotations.unwrap_or_default();
+    runner_annotations.insert(annotations::PATCH_ID.into(), creation.patch_id.to_string());
+    runner_annotations.insert(annotations::REVISION.into(), creation.revision.to_string());
+    runner_annotations.insert(
+        annotations::SET_GENERATION.into(),
+        creation.set_generation.to_string(),
+    );
+    EphemeralRunner {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{name}-runner-")),
+            namespace: set.namespace(),
+            labels: Some(runner_labels),
+            annotations: Some(runner_annotations),
+            owner_references: Some(vec![OwnerReference {
+                api_version: EphemeralRunnerSet::api_version(&()).into(),
+                kind: EphemeralRunnerSet::kind(&()).into(),
+                name,
+                uid: set.uid().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]),
+            ..ObjectMeta::default()
+        },
+        spec: set.spec.ephemeral_runner_spec.clone(),
+        status: None,
+    }
+}
+
+async fn create_runners(
+    api: &Api<EphemeralRunner>,
+    set: &EphemeralRunnerSet,
+    creation: Creation,
+) -> Result<(), Error> {
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PostParams::default()
+    };
+    let runner = new_runner(set, creation);
+    for _ in 0..creation.count {
+        api.create(&params, &runner).await.map_err(Error::Create)?;
+    }
+    Ok(())
+}
+
+/// Deletes what the plan says, each with the uid and resourceVersion the
+/// plan saw as preconditions: a runner that changed since (the listener
+/// recorded a job on it) makes the deletion fail with a conflict, and the
+/// next pass decides again, instead of this one taking a busy runner.
+async fn delete_runners(
+    api: &Api<EphemeralRunner>,
+    runners: &[EphemeralRunner],
+    plan: &Plan,
+) -> Result<(), Error> {
+    let mut conflict = None;
+    for (name, _) in &plan.delete {
+        let Some(runner) = runners.iter().find(|r| r.name_any() == *name) else {
+            continue;
+        };
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: runner.uid(),
+                resource_version: runner.resource_version(),
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(source) => {
+                let error = Error::Delete {
+                    name: name.clone(),
+                    source,
+                };
+                tracing::info!(%error, "runner not deleted; the next pass decides again");
+                conflict.get_or_insert(error);
+            }
+        }
+    }
+    conflict.map_or(Ok(()), Err)
+}
+
+async fn patch_finalizers(
+    api: &Api<EphemeralRunnerSet>,
+    set: &EphemeralRunnerSet,
+    finalizers: Vec<String>,
+    params: &PatchParams,
+) -> Result<(), Error> {
+    // The resourceVersion makes it a compare-and-swap: another writer's
+    // finalizer is never dropped by a list read before it was added.
+    let patch = json!({
+        "metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": set.resource_version(),
+        }
+    });
+    api.patch(&set.name_any(), params, &Patch::Merge(patch))
+        .await
+        .map_err(Error::Update)?;
+    Ok(())
+}
+
+async fn report_deletions(ctx: &Context, set: &EphemeralRunnerSet, plan: &Plan) {
+    for reason in [
+        DeleteReason::SetDeleted,
+        DeleteReason::OldRevision,
+        DeleteReason::Finished,
+        DeleteReason::StaleOutdated,
+        DeleteReason::ScaleDown,
+    ] {
+        let names: Vec<&str> = plan
+            .delete
+            .iter()
+            .filter(|(_, r)| *r == reason)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        if !names.is_empty() {
+            event(
+                ctx,
+                set,
+                reason.as_str(),
+                format!("Deleted runner(s) {}", names.join(", ")),
+            )
+            .await;
+        }
+    }
+}
+
+/// Publishes a Normal event on the set; a failure to publish is logged, not
+/// fatal, since the state it reports is in the status and the objects.
+async fn event(ctx: &Context, set: &EphemeralRunnerSet, reason: &str, note: String) {
+    let event = Event {
+        type_: EventType::Normal,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(error) = ctx.recorder.publish(&event, &set.object_ref(&())).await {
+        tracing::debug!(%error, "event not published");
+    }
+}

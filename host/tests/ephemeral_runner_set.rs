@@ -1,0 +1,561 @@
+//! The EphemeralRunnerSet controller against the real API server. No runner
+//! controller runs here: each test plays its part (and the listener's) by
+//! writing runner statuses itself (phase, runner id, job), and holds a
+//! finalizer on runners where the runner controller's deregistration would
+//! keep a deleted runner around.
+
+mod common;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arcwright::api::{
+    EphemeralRunner, EphemeralRunnerSet, EphemeralRunnerSetPhase, EphemeralRunnerSetSpec,
+    EphemeralRunnerSetStatus, EphemeralRunnerSpec,
+};
+use arcwright::controllers::ephemeral_runner_set::{
+    self as controller, Context, FINALIZER, SetMetrics, annotations, labels,
+};
+use arcwright_harness::TestEnv;
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+/// What a runner-controller finalizer looks like to the set: a deleted
+/// runner stays until the test lets it go.
+const HOLD: &str = "test.arcwright.dev/deregistration";
+const SET: &str = "linux";
+
+struct Harness {
+    env: TestEnv,
+    metrics: SetMetrics,
+    controller: Option<JoinHandle<()>>,
+}
+
+impl Harness {
+    async fn new(name: &str) -> Self {
+        let env = TestEnv::new(name).await;
+        common::install_crds(env.client()).await;
+        let mut harness = Self {
+            env,
+            metrics: SetMetrics::default(),
+            controller: None,
+        };
+        harness.start();
+        harness
+    }
+
+    /// Starts the controller, as a fresh process would: nothing is carried
+    /// over from a previous run but the metrics.
+    fn start(&mut self) {
+        let ctx = Arc::new(Context::new(self.env.client(), self.metrics.clone()));
+        let namespace = self.env.namespace().to_string();
+        self.controller = Some(tokio::spawn(async move {
+            controller::run(ctx, Some(&namespace), 4).await;
+        }));
+    }
+
+    /// Kills the controller wherever it is, and waits until it is gone.
+    async fn crash(&mut self) {
+        let task = self.controller.take().expect("running");
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+    }
+
+    fn sets(&self) -> Api<EphemeralRunnerSet> {
+        Api::namespaced(self.env.client(), self.env.namespace())
+    }
+
+    fn runners_api(&self) -> Api<EphemeralRunner> {
+        Api::namespaced(self.env.client(), self.env.namespace())
+    }
+
+    async fn create_set(&self, replicas: i32, patch_id: i32) -> EphemeralRunnerSet {
+        let spec = EphemeralRunnerSetSpec {
+            replicas,
+            patch_id,
+            actionable_revision: 1,
+            ephemeral_runner_spec: runner_spec("runner:1"),
+            ephemeral_runner_metadata: None,
+        };
+        self.sets()
+            .create(&PostParams::default(), &EphemeralRunnerSet::new(SET, spec))
+            .await
+            .unwrap()
+    }
+
+    /// Writes the listener's decision, as the listener does.
+    async fn decide(&self, replicas: i32, patch_id: i32) -> i64 {
+        let set = self
+            .sets()
+            .patch(
+                SET,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": replicas, "patchID": patch_id}})),
+            )
+            .await
+            .unwrap();
+        set.metadata.generation.unwrap()
+    }
+
+    /// Publishes a new runner spec at `revision`, as the
+    /// AutoscalingRunnerSet does.
+    async fn publish(&self, revision: i64, image: &str) -> i64 {
+        let set = self
+            .sets()
+            .patch(
+                SET,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {
+                    "actionableRevision": revision,
+                    "ephemeralRunnerSpec": runner_spec(image),
+                }})),
+            )
+            .await
+            .unwrap();
+        set.metadata.generation.unwrap()
+    }
+
+    /// Creates the set and waits for its first runners; their names, oldest
+    /// first.
+    async fn set_with_runners(&self, replicas: i32, patch_id: i32) -> Vec<String> {
+        self.create_set(replicas, patch_id).await;
+        let count = usize::try_from(replicas).unwrap();
+        names(
+            &self
+                .until_runners("the first runners", |r| r.len() == count)
+                .await,
+        )
+    }
+
+    /// Three runners of revision 1 (idle, busy, and pending unregistered),
+    /// each held by a finalizer; then a new spec published at revision 2,
+    /// and the cleanup under way. Returns the three names and the set's
+    /// generation with the new spec.
+    async fn spec_change_under_way(&self) -> (String, String, String, i64) {
+        let runners = self.set_with_runners(3, 0).await;
+        let [idle, busy, pending] = <[String; 3]>::try_from(runners).unwrap();
+        self.idle(&idle).await;
+        self.busy(&busy).await;
+        for name in [&idle, &busy, &pending] {
+            self.set_finalizers(name, &[HOLD]).await;
+        }
+        let generation = self.publish(2, "runner:2").await;
+        self.until_runners("the idle and pending runners deleted", |r| {
+            deleting(r, &idle) && deleting(r, &pending)
+        })
+        .await;
+        (idle, busy, pending, generation)
+    }
+
+    /// Makes the controller take one more pass and waits for it: a spec
+    /// change that only touches runners created later. The status it
+    /// returns is the one that pass decided, so what it says is proven, not
+    /// raced.
+    async fn another_pass(&self, n: u32) -> EphemeralRunnerSetStatus {
+        let set = self
+            .sets()
+            .patch(
+                SET,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"ephemeralRunnerMetadata": {
+                    "annotations": {"test.arcwright.dev/pass": n.to_string()}
+                }}})),
+            )
+            .await
+            .unwrap();
+        let generation = set.metadata.generation;
+        self.until_status("another pass", |s| s.observed_generation == generation)
+            .await
+    }
+
+    async fn status(&self) -> EphemeralRunnerSetStatus {
+        self.sets()
+            .get_status(SET)
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default()
+    }
+
+    /// The set's runners, oldest first.
+    async fn runners(&self) -> Vec<EphemeralRunner> {
+        let mut runners = self
+            .runners_api()
+            .list(&ListParams::default().labels(&format!("{}={SET}", labels::SET)))
+            .await
+            .unwrap()
+            .items;
+        runners.sort_by_key(|r| (r.metadata.creation_timestamp.clone(), r.name_any()));
+        runners
+    }
+
+    async fn until_runners(
+        &self,
+        what: &str,
+        test: impl Fn(&[EphemeralRunner]) -> bool,
+    ) -> Vec<EphemeralRunner> {
+        until(what, || async {
+            let runners = self.runners().await;
+            test(&runners).then_some(runners)
+        })
+        .await
+    }
+
+    async fn until_status(
+        &self,
+        what: &str,
+        test: impl Fn(&EphemeralRunnerSetStatus) -> bool,
+    ) -> EphemeralRunnerSetStatus {
+        until(what, || async {
+            let status = self.status().await;
+            test(&status).then_some(status)
+        })
+        .await
+    }
+
+    /// Plays the runner controller and the listener: writes `status` of
+    /// the runner.
+    async fn report(&self, runner: &str, status: serde_json::Value) {
+        self.runners_api()
+            .patch_status(
+                runner,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn idle(&self, runner: &str) {
+        self.report(
+            runner,
+            json!({"phase": "Running", "runnerId": 100, "ready": true}),
+        )
+        .await;
+    }
+
+    async fn busy(&self, runner: &str) {
+        self.report(
+            runner,
+            json!({"phase": "Running", "runnerId": 101, "jobRequestId": 9, "jobId": "job-9"}),
+        )
+        .await;
+    }
+
+    async fn set_finalizers(&self, runner: &str, finalizers: &[&str]) {
+        self.runners_api()
+            .patch(
+                runner,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+fn runner_spec(image: &str) -> EphemeralRunnerSpec {
+    EphemeralRunnerSpec {
+        github_config_url: "https://github.com/octo-org".into(),
+        github_config_secret: "github-auth".into(),
+        runner_scale_set_id: 7,
+        spec: PodSpec {
+            restart_policy: Some("Never".into()),
+            containers: vec![Container {
+                name: "runner".into(),
+                image: Some(image.into()),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        },
+        ..EphemeralRunnerSpec::default()
+    }
+}
+
+/// Polls `probe` until it yields a value; a bound on waiting for something
+/// that must happen, never a delay before checking that something did not.
+async fn until<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn names(runners: &[EphemeralRunner]) -> Vec<String> {
+    runners.iter().map(ResourceExt::name_any).collect()
+}
+
+fn annotation(runner: &EphemeralRunner, key: &str) -> String {
+    runner.annotations().get(key).cloned().unwrap_or_default()
+}
+
+fn deleting(runners: &[EphemeralRunner], name: &str) -> bool {
+    runners
+        .iter()
+        .any(|r| r.name_any() == name && r.metadata.deletion_timestamp.is_some())
+}
+
+#[tokio::test]
+async fn scale_up_creates_the_runners_asked_for() {
+    let h = Harness::new("ers-scale-up").await;
+    let set = h.create_set(3, 4).await;
+    let runners = h.until_runners("three runners", |r| r.len() == 3).await;
+    for runner in &runners {
+        let owner = &runner.owner_references()[0];
+        assert_eq!(owner.uid, set.uid().unwrap());
+        assert_eq!(owner.controller, Some(true));
+        assert!(runner.name_any().starts_with("linux-runner-"));
+        assert_eq!(annotation(runner, annotations::PATCH_ID), "4");
+        assert_eq!(annotation(runner, annotations::REVISION), "1");
+        assert_eq!(runner.spec, set.spec.ephemeral_runner_spec);
+    }
+    let status = h
+        .until_status("the counts", |s| s.current_replicas == 3)
+        .await;
+    assert_eq!(status.pending_ephemeral_runners, 3);
+    assert_eq!(status.observed_generation, set.metadata.generation);
+    assert_eq!(status.applied_actionable_revision, 1);
+    assert_eq!(status.phase, Some(EphemeralRunnerSetPhase::Running));
+    let finalizers = h.sets().get(SET).await.unwrap().finalizers().to_vec();
+    assert_eq!(finalizers, [FINALIZER]);
+
+    // Registered and running, as the runner controller reports them.
+    for name in names(&runners) {
+        h.idle(&name).await;
+    }
+    h.until_status("running counted", |s| s.running_ephemeral_runners == 3)
+        .await;
+}
+
+#[tokio::test]
+async fn scale_down_removes_only_idle_runners_and_leaves_busy_ones() {
+    let h = Harness::new("ers-scale-down").await;
+    let runners = h.set_with_runners(4, 1).await;
+    let (idle_a, idle_b, busy, unregistered) = (&runners[0], &runners[1], &runners[2], &runners[3]);
+    h.idle(idle_a).await;
+    h.idle(idle_b).await;
+    h.busy(busy).await;
+    h.until_status("reported", |s| s.running_ephemeral_runners == 3)
+        .await;
+
+    h.decide(0, 0).await;
+    let left = h
+        .until_runners("the idle runners gone", |r| r.len() == 2)
+        .await;
+    assert_eq!(names(&left), [busy.clone(), unregistered.clone()]);
+
+    // The unregistered runner registers: now it is idle, and goes. The
+    // busy one has been looked at twice more and is still there.
+    h.idle(unregistered).await;
+    let left = h
+        .until_runners("the newly idle runner gone", |r| r.len() == 1)
+        .await;
+    assert_eq!(names(&left), std::slice::from_ref(busy));
+    assert!(left[0].metadata.deletion_timestamp.is_none());
+    h.until_status("one runner counted", |s| s.current_replicas == 1)
+        .await;
+}
+
+#[tokio::test]
+async fn a_stale_decision_removes_nothing() {
+    let h = Harness::new("ers-stale-decision").await;
+    let runners = h.set_with_runners(3, 5).await;
+    for name in &runners {
+        h.idle(name).await;
+    }
+    h.until_status("reported", |s| s.running_ephemeral_runners == 3)
+        .await;
+
+    // A decision older than the runners it would remove.
+    let generation = h.decide(1, 3).await;
+    h.until_status("the decision seen", |s| {
+        s.observed_generation == Some(generation)
+    })
+    .await;
+    // Deletions come before the status write, so a pass that wanted any
+    // had made them by now.
+    let after = h.runners().await;
+    assert_eq!(names(&after), runners);
+    assert!(
+        after
+            .iter()
+            .all(|r| r.metadata.deletion_timestamp.is_none())
+    );
+
+    // The same runners are removable: patch id 0 takes two of them.
+    h.decide(1, 0).await;
+    h.until_runners("scaled down to one", |r| r.len() == 1)
+        .await;
+}
+
+#[tokio::test]
+async fn a_spec_change_replaces_idle_runners_not_busy_ones_and_applies_the_revision_after_cleanup()
+{
+    let h = Harness::new("ers-spec-change").await;
+    let (idle, busy, pending, generation) = h.spec_change_under_way().await;
+    let after = h.runners().await;
+    assert!(
+        !deleting(&after, &busy),
+        "a runner with a job is left to finish"
+    );
+    let status = h
+        .until_status("the new spec seen", |s| {
+            s.observed_generation == Some(generation)
+        })
+        .await;
+    assert_eq!(
+        status.applied_actionable_revision, 1,
+        "not applied while deleted runners of the old spec are still there"
+    );
+    assert_eq!(h.runners().await.len(), 3, "nothing created during cleanup");
+
+    h.set_finalizers(&idle, &[]).await;
+    h.until_runners("one deleted runner gone", |r| r.len() == 2)
+        .await;
+    assert_eq!(h.another_pass(1).await.applied_actionable_revision, 1);
+
+    h.set_finalizers(&pending, &[]).await;
+    h.until_status("the revision applied", |s| {
+        s.applied_actionable_revision == 2
+    })
+    .await;
+    let runners = h.until_runners("two new runners", |r| r.len() == 3).await;
+    let (old, new): (Vec<_>, Vec<_>) = runners.iter().partition(|r| r.name_any() == busy);
+    assert_eq!(old.len(), 1, "the busy runner is untouched");
+    assert_eq!(annotation(old[0], annotations::REVISION), "1");
+    assert!(old[0].metadata.deletion_timestamp.is_none());
+    for new in new {
+        assert_eq!(annotation(new, annotations::REVISION), "2");
+        assert_eq!(
+            new.spec.spec.containers[0].image.as_deref(),
+            Some("runner:2")
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_controller_killed_mid_cleanup_applies_the_revision_after_restart() {
+    let mut h = Harness::new("ers-crash-cleanup").await;
+    let (idle, busy, pending, _) = h.spec_change_under_way().await;
+    assert_eq!(h.another_pass(1).await.applied_actionable_revision, 1);
+    h.crash().await;
+
+    // While it is down: the deleted runners finish deregistering, and the
+    // busy one's job ends, leaving an idle runner of the old spec that the
+    // first run never deleted.
+    h.set_finalizers(&idle, &[]).await;
+    h.set_finalizers(&pending, &[]).await;
+    h.report(&busy, json!({"jobRequestId": 0, "jobId": ""}))
+        .await;
+    h.until_runners("the deleted runners gone", |r| r.len() == 1)
+        .await;
+
+    h.start();
+    h.until_runners("the cleanup redone", |r| deleting(r, &busy))
+        .await;
+    assert_eq!(
+        h.another_pass(2).await.applied_actionable_revision,
+        1,
+        "still behind while a runner of the old spec remains"
+    );
+    h.set_finalizers(&busy, &[]).await;
+    h.until_status("the revision applied", |s| {
+        s.applied_actionable_revision == 2
+    })
+    .await;
+    let runners = h
+        .until_runners("three runners of the new spec", |r| r.len() == 3)
+        .await;
+    for runner in &runners {
+        assert_eq!(annotation(runner, annotations::REVISION), "2");
+    }
+}
+
+#[tokio::test]
+async fn a_current_outdated_runner_holds_the_set_outdated_until_the_revision_advances() {
+    let h = Harness::new("ers-outdated").await;
+    let runners = h.set_with_runners(2, 0).await;
+    h.report(
+        &runners[0],
+        json!({"phase": "Outdated", "runnerId": 5, "reason": "Outdated"}),
+    )
+    .await;
+    h.until_status("the set outdated", |s| {
+        s.phase == Some(EphemeralRunnerSetPhase::Outdated)
+    })
+    .await;
+    // Creations come before the status write: the pass that found the
+    // verdict created nothing to replace the outdated runner.
+    assert_eq!(names(&h.runners().await), runners);
+
+    // Recovery: the same runner spec, republished at a new revision.
+    h.publish(2, "runner:1").await;
+    let status = h
+        .until_status("the set running again", |s| {
+            s.phase == Some(EphemeralRunnerSetPhase::Running) && s.applied_actionable_revision == 2
+        })
+        .await;
+    assert_eq!(status.applied_actionable_revision, 2);
+    let runners = h
+        .until_runners("two runners of the new revision", |r| {
+            r.len() == 2
+                && r.iter()
+                    .all(|r| annotation(r, annotations::REVISION) == "2")
+        })
+        .await;
+    assert!(runners.iter().all(|r| r.status.is_none()));
+}
+
+#[tokio::test]
+async fn runner_updates_outside_the_projection_do_not_wake_the_set() {
+    let h = Harness::new("ers-predicate").await;
+    let runners = h.set_with_runners(2, 0).await;
+    let ns = h.env.namespace().to_string();
+    let delivered = || h.metrics.runner_updates_of(&ns, SET, "delivered");
+    let dropped = || h.metrics.runner_updates_of(&ns, SET, "dropped");
+    until("both creations delivered", || async {
+        (delivered() == 2).then_some(())
+    })
+    .await;
+    assert_eq!(dropped(), 0);
+    let reconciles_before = h.metrics.reconciles_of(&ns, SET);
+
+    // Readiness, messages and the job's display name: nothing the set reads.
+    h.report(&runners[0], json!({"message": "pulling image"}))
+        .await;
+    h.report(&runners[0], json!({"message": "starting"})).await;
+    h.report(&runners[0], json!({"ready": true})).await;
+    h.report(&runners[1], json!({"jobDisplayName": "build"}))
+        .await;
+    // Then a change it reads. Events of one watch arrive in order, so once
+    // this one is delivered the four before it have been judged.
+    h.report(&runners[1], json!({"phase": "Running", "runnerId": 3}))
+        .await;
+    until("the phase change delivered", || async {
+        (delivered() == 3).then_some(())
+    })
+    .await;
+    assert_eq!(dropped(), 4, "the four updates were dropped");
+    h.until_status("the phase change reconciled", |s| {
+        s.running_ephemeral_runners == 1
+    })
+    .await;
+    let reconciles = h.metrics.reconciles_of(&ns, SET) - reconciles_before;
+    assert!(
+        reconciles >= 1,
+        "the delivered update woke the reconciler ({reconciles} reconciles)"
+    );
+    assert_eq!(delivered(), 3, "one wake-up for five runner writes");
+}
