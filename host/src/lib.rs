@@ -8,3 +8,5 @@
 
 pub mod actions;
 pub mod policy;
+pub mod runtime;
+pub mod telemetry;
