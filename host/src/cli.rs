@@ -27,6 +27,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the controller: watch the runner resources, serve /healthz,
+    /// /readyz and /metrics, and shut down cleanly on SIGTERM.
+    Run(Box<arcwright::runtime::options::RunOptions>),
     /// Test, run, inspect and package policy modules.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -91,11 +94,23 @@ fn parse_kind(text: &str) -> Result<PolicyKind, String> {
 }
 
 impl Cli {
+    /// The logging flags, for the commands that have them.
+    pub fn logging(&self) -> Option<&arcwright::telemetry::LogOptions> {
+        match &self.command {
+            Command::Run(options) => Some(&options.log),
+            Command::Policy(_) => None,
+        }
+    }
+
     /// Runs the command; the exit code says whether it succeeded.
     pub fn run(self) -> anyhow::Result<ExitCode> {
         let Self { command } = self;
         match command {
             Command::Policy(command) => command.run(),
+            Command::Run(options) => {
+                arcwright::runtime::run(*options)?;
+                Ok(ExitCode::SUCCESS)
+            }
         }
     }
 }

@@ -13,3 +13,5 @@ pub mod credentials;
 pub mod listener;
 pub mod policy;
 pub mod unregistration;
+pub mod runtime;
+pub mod telemetry;

@@ -1,4 +1,5 @@
-//! The `arcwright` binary: logging set up, then the command line.
+//! The `arcwright` binary: the command line parsed, logging set up, the
+//! command run.
 
 mod cli;
 
@@ -7,13 +8,9 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match cli::Cli::parse().run() {
+    let cli = cli::Cli::parse();
+    arcwright::telemetry::init(cli.logging());
+    match cli.run() {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");

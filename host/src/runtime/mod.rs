@@ -1,0 +1,687 @@
+//! `arcwright run`: the process the controllers run in.
+//!
+//! The runtime owns what every controller shares and none should build for
+//! itself: the Kubernetes client, the one metrics registry, the policy
+//! loader, the Actions client options, the probes and the shutdown. A
+//! controller, the listener or the unregistration pool is a [`Component`]:
+//! a name and a function from a [`Context`] to a future. Wiring one is one
+//! line in [`wiring::components`].
+//!
+//! # The life of the process
+//!
+//! 1. The flags ([`options::RunOptions`]) are parsed and the client built;
+//!    a bad kubeconfig stops the process before anything is served.
+//! 2. The HTTP endpoints come up (`/healthz`, `/readyz`, `/metrics`,
+//!    [`server`]), then every component is started on its own task with a
+//!    closed [`ReadinessGate`]; `/readyz` is 200 once all are open.
+//! 3. On SIGTERM or SIGINT the root [`CancellationToken`] is cancelled,
+//!    `/readyz` turns 503 and the runtime waits, at most
+//!    `--shutdown-timeout`, for every component to return: this is when
+//!    listeners delete their message sessions (a session left behind blocks
+//!    the next holder until the service expires it). `/metrics` keeps
+//!    answering meanwhile. The process exits 0 when all returned in time.
+//!
+//! A component that fails (returns an error or panics) before shutdown
+//! takes the process down the same way, and the process exits non-zero:
+//! a controller missing one of its parts would look healthy while jobs
+//! wait, so the kubelet restarting it is the better outcome. A component
+//! that returns `Ok` early has simply finished (a warm-up), and the rest
+//! go on.
+//!
+//! Leader election is not here yet: when it comes it will be one more
+//! thing the context carries (a token cancelled when leadership is lost),
+//! so components that must run on the leader only can wait for it.
+
+pub mod metrics;
+pub mod options;
+pub mod readiness;
+pub mod server;
+pub mod wiring;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use kube::Client;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::actions::ClientOptions;
+use crate::policy::loader::PolicyLoader;
+use crate::policy::metrics::PolicyMetrics;
+use crate::policy::reporter::TracingReporter;
+use crate::policy::{EngineConfig, PolicyEngine, PolicyError, PolicyReporter};
+pub use metrics::MetricsRegistry;
+use options::{KubeSource, RunOptions, WatchScope};
+pub use readiness::{Readiness, ReadinessGate};
+
+/// Any component's error: each layer keeps its own error enum, and the
+/// runtime only reports it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why `arcwright run` stopped other than by a clean shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The kubeconfig file named by `--kubeconfig` is unusable.
+    #[error("the kubeconfig {path} cannot be used: {source}")]
+    Kubeconfig {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// Neither a kubeconfig nor the in-cluster service account was found.
+    #[error("no Kubernetes configuration found (give --kubeconfig, or run in a pod): {0}")]
+    Infer(#[source] kube::config::InferConfigError),
+    /// `--in-cluster` outside a pod, or a service account that is unusable.
+    #[error("the in-cluster configuration cannot be used: {0}")]
+    InCluster(#[source] kube::config::InClusterError),
+    /// The client could not be built from the configuration.
+    #[error("the Kubernetes client cannot be built: {0}")]
+    Client(#[source] kube::Error),
+    /// The policy engine could not be created.
+    #[error("the policy engine cannot start: {0}")]
+    Policy(#[source] PolicyError),
+    /// The async runtime or the signal handlers could not be set up.
+    #[error("the process cannot be set up: {0}")]
+    Setup(#[source] std::io::Error),
+    /// The endpoints' address cannot be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// `--listen-address`.
+        address: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The endpoints' server stopped.
+    #[error("the HTTP server stopped: {0}")]
+    Serve(#[source] std::io::Error),
+    /// A component returned an error.
+    #[error("{name} failed: {source}")]
+    ComponentFailed {
+        /// The component.
+        name: &'static str,
+        /// Its error.
+        #[source]
+        source: BoxError,
+    },
+    /// A component panicked.
+    #[error("{name} panicked")]
+    ComponentPanicked {
+        /// The component.
+        name: &'static str,
+    },
+    /// Components were still running when the shutdown bound ran out; they
+    /// were abandoned.
+    #[error("still running {timeout:?} after shutdown began: {}", .still_running.join(", "))]
+    ShutdownTimeout {
+        /// `--shutdown-timeout`.
+        timeout: Duration,
+        /// The components that had not returned.
+        still_running: Vec<&'static str>,
+    },
+}
+
+/// The policy machinery, created once per process and shared by every
+/// component that makes policy decisions.
+#[derive(Clone)]
+pub struct PolicyServices {
+    /// Resolves policy references (bundled or ConfigMap) into deciders;
+    /// one loader, so one ConfigMap watch however many objects follow it.
+    pub loader: PolicyLoader,
+    /// `arcwright_policy_*`, registered in the shared registry; handed to
+    /// deciders (`Decider::with_metrics`).
+    pub metrics: PolicyMetrics,
+    /// Logs and counts policy failures; a controller wraps it to add its
+    /// conditions and events.
+    pub reporter: Arc<dyn PolicyReporter>,
+}
+
+/// What every component is given: the parts shared by the process, and
+/// its own shutdown signal and readiness gate.
+#[derive(Clone)]
+pub struct Context {
+    /// The component's name, as given to [`Component::new`].
+    pub name: &'static str,
+    /// The client, the registry, the policy loader and the options.
+    pub shared: Shared,
+    /// Cancelled when the process shuts down: return soon after, having
+    /// released what others would wait for (message sessions, leases).
+    pub shutdown: CancellationToken,
+    /// This component's say in `/readyz`: open it once caches are synced.
+    pub ready: ReadinessGate,
+}
+
+type Start = Box<dyn FnOnce(Context) -> BoxFuture<'static, Result<(), BoxError>> + Send>;
+
+/// A named part of the process, started once with its [`Context`].
+///
+/// The future runs on a task of its own until it returns. It must watch
+/// `ctx.shutdown` and return when it is cancelled; it should open
+/// `ctx.ready` once it can do its work.
+pub struct Component {
+    name: &'static str,
+    start: Start,
+}
+
+impl Component {
+    /// A component called `name` (used in logs, `/readyz` and errors) that
+    /// runs `start(ctx)`.
+    pub fn new<F, Fut, E>(name: &'static str, start: F) -> Self
+    where
+        F: FnOnce(Context) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        Self {
+            name,
+            start: Box::new(move |ctx| {
+                let future = start(ctx);
+                Box::pin(async move { future.await.map_err(Into::into) })
+            }),
+        }
+    }
+
+    /// The component's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+/// What the process shares among its components, created once.
+#[derive(Clone)]
+pub struct Shared {
+    /// The Kubernetes client.
+    pub client: Client,
+    /// The namespaces to watch.
+    pub scope: WatchScope,
+    /// Where components register their metrics.
+    pub metrics: MetricsRegistry,
+    /// The policy loader and its metrics and reporter.
+    pub policy: PolicyServices,
+    /// The options every Actions client is built with (the user agent
+    /// names this arcwright release).
+    pub actions: ClientOptions,
+    /// How many objects a controller reconciles at once.
+    pub reconcile_concurrency: u16,
+    /// How many workers the unregistration pool runs.
+    pub unregistration_workers: u16,
+}
+
+impl Shared {
+    /// The shared parts for `options` around `client`: the registry, the
+    /// policy engine and loader (their metrics registered), the Actions
+    /// client options.
+    pub fn new(client: Client, options: &RunOptions) -> Result<Self, RuntimeError> {
+        let metrics = MetricsRegistry::new();
+        let policy_metrics = metrics.register(PolicyMetrics::register);
+        let engine = PolicyEngine::new(EngineConfig::default()).map_err(RuntimeError::Policy)?;
+        Ok(Self {
+            policy: PolicyServices {
+                loader: PolicyLoader::new(engine, Some(client.clone())),
+                reporter: Arc::new(TracingReporter::new(policy_metrics.clone())),
+                metrics: policy_metrics,
+            },
+            client,
+            scope: options.watch.scope(),
+            metrics,
+            actions: ClientOptions::default(),
+            reconcile_concurrency: options.controllers.reconcile_concurrency,
+            unregistration_workers: options.controllers.unregistration_workers,
+        })
+    }
+}
+
+/// Builds the Kubernetes client the options describe.
+pub async fn client(source: &KubeSource) -> Result<Client, RuntimeError> {
+    // kube and the Actions client both use rustls with ring; install it as
+    // the process default unless something already did.
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let config = match source {
+        KubeSource::Infer => kube::Config::infer().await.map_err(RuntimeError::Infer)?,
+        KubeSource::InCluster => kube::Config::incluster().map_err(RuntimeError::InCluster)?,
+        KubeSource::File(path) => {
+            let kubeconfig_error = |source| RuntimeError::Kubeconfig {
+                path: path.display().to_string(),
+                source,
+            };
+            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(kubeconfig_error)?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .map_err(kubeconfig_error)?
+        }
+    };
+    Client::try_from(config).map_err(RuntimeError::Client)
+}
+
+/// Runs `arcwright run` to the end: builds the async runtime, the client
+/// and the shared parts, and runs [`wiring::components`] until SIGTERM or
+/// SIGINT.
+pub fn run(options: RunOptions) -> Result<(), RuntimeError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(RuntimeError::Setup)?
+        .block_on(async {
+            let signal = shutdown_signal()?;
+            let client = client(&options.kube.source()).await?;
+            let shared = Shared::new(client, &options)?;
+            let address = options.http.listen_address;
+            let listener = TcpListener::bind(address)
+                .await
+                .map_err(|source| RuntimeError::Bind { address, source })?;
+            Runtime::new(shared, listener, options.shutdown.shutdown_timeout)
+                .components(wiring::components())
+                .run_until(signal)
+                .await
+        })
+}
+
+/// Resolves on the first SIGTERM (what the kubelet sends) or SIGINT
+/// (Ctrl-C). The handlers are installed before it is awaited, so a signal
+/// that arrives during start-up is not lost.
+pub fn shutdown_signal() -> Result<impl Future<Output = ()> + Send + 'static, RuntimeError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate()).map_err(RuntimeError::Setup)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(RuntimeError::Setup)?;
+    Ok(async move {
+        let name = tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        };
+        tracing::info!(signal = name, "shutting down");
+    })
+}
+
+/// The shared parts, the endpoints and the components, ready to run.
+pub struct Runtime {
+    shared: Shared,
+    listener: TcpListener,
+    shutdown_timeout: Duration,
+    components: Vec<Component>,
+}
+
+impl Runtime {
+    /// A runtime serving its endpoints on `listener` (bound by the caller,
+    /// so a bad address fails before anything starts and a test knows the
+    /// port) and giving components `shutdown_timeout` to return once
+    /// shutdown begins.
+    pub fn new(shared: Shared, listener: TcpListener, shutdown_timeout: Duration) -> Self {
+        Self {
+            shared,
+            listener,
+            shutdown_timeout,
+            components: Vec::new(),
+        }
+    }
+
+    /// Adds components, started in this order.
+    pub fn components(mut self, components: impl IntoIterator<Item = Component>) -> Self {
+        self.components.extend(components);
+        self
+    }
+
+    /// Serves the endpoints and runs every component until `signal`
+    /// resolves or a component fails, then shuts down within the bound.
+    pub async fn run_until(self, signal: impl Future<Output = ()>) -> Result<(), RuntimeError> {
+        let Self {
+            shared,
+            listener,
+            shutdown_timeout,
+            components,
+        } = self;
+        let readiness = Readiness::default();
+        let address = listener.local_addr().map_err(RuntimeError::Serve)?;
+        let stop_serving = CancellationToken::new();
+        let mut server = tokio::spawn(
+            axum::serve(
+                listener,
+                server::router(shared.metrics.clone(), readiness.clone()),
+            )
+            .with_graceful_shutdown(stop_serving.clone().cancelled_owned())
+            .into_future(),
+        );
+        tracing::info!(%address, "serving /healthz, /readyz and /metrics");
+
+        let root = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        let mut names = HashMap::new();
+        for Component { name, start } in components {
+            let ctx = Context {
+                name,
+                shared: shared.clone(),
+                shutdown: root.clone(),
+                ready: readiness.gate(name),
+            };
+            let handle = tasks.spawn(start(ctx));
+            names.insert(handle.id(), name);
+            tracing::info!(component = name, "started");
+        }
+
+        // Until the signal, a failure, or the server stopping.
+        let mut failure = None;
+        let mut server_done = false;
+        tokio::pin!(signal);
+        loop {
+            tokio::select! {
+                () = &mut signal => break,
+                Some(joined) = tasks.join_next_with_id() => {
+                    if let Some(error) = finished(&mut names, joined) {
+                        tracing::error!("{error}; shutting down");
+                        failure = Some(error);
+                        break;
+                    }
+                }
+                served = &mut server => {
+                    server_done = true;
+                    let error = match served {
+                        Ok(Ok(())) => RuntimeError::Serve(std::io::ErrorKind::UnexpectedEof.into()),
+                        Ok(Err(error)) => RuntimeError::Serve(error),
+                        Err(_) => RuntimeError::ComponentPanicked { name: "http-server" },
+                    };
+                    tracing::error!("{error}; shutting down");
+                    failure = Some(error);
+                    break;
+                }
+            }
+        }
+
+        // Shutdown: every component told at once, each given the same bound.
+        readiness.shutting_down();
+        root.cancel();
+        let drained = tokio::time::timeout(shutdown_timeout, async {
+            while let Some(joined) = tasks.join_next_with_id().await {
+                if let Some(error) = finished(&mut names, joined) {
+                    tracing::error!("{error} while shutting down");
+                    failure.get_or_insert(error);
+                }
+            }
+        })
+        .await;
+        if drained.is_err() {
+            let mut still_running: Vec<_> = names.into_values().collect();
+            still_running.sort_unstable();
+            tasks.abort_all();
+            let error = RuntimeError::ShutdownTimeout {
+                timeout: shutdown_timeout,
+                still_running,
+            };
+            tracing::error!("{error}");
+            failure.get_or_insert(error);
+        }
+        stop_serving.cancel();
+        if !server_done {
+            // The server only finishes open requests; a scrape in flight is
+            // short, and a stuck one is no reason to hang the exit.
+            let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+        }
+        match failure {
+            None => {
+                tracing::info!("shut down cleanly");
+                Ok(())
+            }
+            Some(error) => Err(error),
+        }
+    }
+}
+
+/// Accounts for a component that returned; the error, if it ended badly.
+fn finished(
+    names: &mut HashMap<tokio::task::Id, &'static str>,
+    joined: Result<(tokio::task::Id, Result<(), BoxError>), tokio::task::JoinError>,
+) -> Option<RuntimeError> {
+    let (id, outcome) = match joined {
+        Ok((id, result)) => (id, result.map_err(Some)),
+        Err(error) => (error.id(), Err(None)),
+    };
+    let name = names.remove(&id).unwrap_or("component");
+    match outcome {
+        Ok(()) => {
+            tracing::info!(component = name, "finished");
+            None
+        }
+        Err(Some(source)) => Some(RuntimeError::ComponentFailed { name, source }),
+        Err(None) => Some(RuntimeError::ComponentPanicked { name }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+    use crate::runtime::options::{
+        ControllerOptions, HttpOptions, KubeOptions, ShutdownOptions, WatchOptions,
+    };
+    use crate::telemetry::{LogFormat, LogOptions};
+
+    /// Shared parts around a client of an address nothing listens on: the
+    /// components of these tests never call the API server.
+    fn shared() -> Shared {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let options = RunOptions {
+            kube: KubeOptions {
+                kubeconfig: None,
+                in_cluster: false,
+            },
+            watch: WatchOptions {
+                namespaces: vec!["ci".into()],
+            },
+            http: HttpOptions {
+                listen_address: "127.0.0.1:0".parse().unwrap(),
+            },
+            log: LogOptions {
+                log_format: LogFormat::Text,
+                log_level: "info".into(),
+            },
+            controllers: ControllerOptions {
+                reconcile_concurrency: 3,
+                unregistration_workers: 5,
+            },
+            shutdown: ShutdownOptions {
+                shutdown_timeout: Duration::from_secs(10),
+            },
+        };
+        Shared::new(Client::try_from(config).unwrap(), &options).unwrap()
+    }
+
+    async fn runtime(timeout: Duration) -> (Runtime, String) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        (Runtime::new(shared(), listener, timeout), base)
+    }
+
+    #[tokio::test]
+    async fn readyz_waits_for_a_component_whose_cache_is_not_synced() {
+        let (runtime, base) = runtime(Duration::from_secs(10)).await;
+        let (synced_tx, synced_rx) = tokio::sync::oneshot::channel::<()>();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(
+            runtime
+                .components([
+                    Component::new("at-once", |ctx: Context| async move {
+                        ctx.ready.ready();
+                        ctx.shutdown.cancelled().await;
+                        Ok::<_, BoxError>(())
+                    }),
+                    Component::new("slow-cache", |ctx: Context| async move {
+                        let _ = synced_rx.await;
+                        ctx.ready.ready();
+                        ctx.shutdown.cancelled().await;
+                        Ok::<_, BoxError>(())
+                    }),
+                ])
+                .run_until(async {
+                    let _ = stop_rx.await;
+                }),
+        );
+        let readyz = format!("{base}/readyz");
+        let (status, body) = get_when(&readyz, |_| true).await;
+        assert_eq!((status, body.as_str()), (503, "waiting for: slow-cache\n"));
+
+        synced_tx.send(()).unwrap();
+        get_when(&readyz, |status| status == 200).await;
+
+        stop_tx.send(()).unwrap();
+        running.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn shutdown_waits_for_components_to_release_what_they_hold() {
+        let (runtime, _) = runtime(Duration::from_secs(10)).await;
+        let released = Arc::new(AtomicBool::new(false));
+        let seen = Arc::clone(&released);
+        runtime
+            .components([Component::new("listener", move |ctx: Context| async move {
+                ctx.ready.ready();
+                ctx.shutdown.cancelled().await;
+                // Deleting a message session is a round trip or two.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                seen.store(true, Ordering::SeqCst);
+                Ok::<_, BoxError>(())
+            })])
+            .run_until(std::future::ready(()))
+            .await
+            .unwrap();
+        assert!(released.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_component_that_ignores_shutdown_is_abandoned_after_the_bound() {
+        let (runtime, _) = runtime(Duration::from_millis(100)).await;
+        let error = runtime
+            .components([
+                Component::new("stubborn", |_ctx: Context| async move {
+                    std::future::pending::<()>().await;
+                    Ok::<_, BoxError>(())
+                }),
+                Component::new("polite", |ctx: Context| async move {
+                    ctx.shutdown.cancelled().await;
+                    Ok::<_, BoxError>(())
+                }),
+            ])
+            .run_until(std::future::ready(()))
+            .await
+            .unwrap_err();
+        match error {
+            RuntimeError::ShutdownTimeout { still_running, .. } => {
+                assert_eq!(still_running, ["stubborn"]);
+            }
+            other => panic!("{other}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failing_component_shuts_the_others_down() {
+        let (runtime, _) = runtime(Duration::from_secs(10)).await;
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let seen = Arc::clone(&cancelled);
+        let error = runtime
+            .components([
+                Component::new("watcher", move |ctx: Context| async move {
+                    ctx.shutdown.cancelled().await;
+                    seen.store(true, Ordering::SeqCst);
+                    Ok::<_, BoxError>(())
+                }),
+                Component::new("broken", |_ctx: Context| async move {
+                    Err::<(), _>(std::io::Error::other("the watch was refused"))
+                }),
+                Component::new("warm-up", |ctx: Context| async move {
+                    ctx.ready.ready();
+                    Ok::<_, BoxError>(())
+                }),
+            ])
+            .run_until(std::future::pending())
+            .await
+            .unwrap_err();
+        assert_eq!(error.to_string(), "broken failed: the watch was refused");
+        assert!(cancelled.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_panicking_component_is_named() {
+        let (runtime, _) = runtime(Duration::from_secs(10)).await;
+        let error = runtime
+            .components([Component::new("fragile", |_ctx: Context| async move {
+                if true {
+                    panic!("a bug");
+                }
+                Ok::<_, BoxError>(())
+            })])
+            .run_until(std::future::pending())
+            .await
+            .unwrap_err();
+        assert_eq!(error.to_string(), "fragile panicked");
+    }
+
+    #[tokio::test]
+    async fn components_share_one_registry_and_get_the_options() {
+        let (runtime, base) = runtime(Duration::from_secs(10)).await;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(
+            runtime
+                .components([Component::new("counter", |ctx: Context| async move {
+                    assert_eq!(ctx.name, "counter");
+                    assert_eq!(
+                        ctx.shared.scope,
+                        WatchScope::Namespaces(["ci".into()].into())
+                    );
+                    assert_eq!(
+                        (
+                            ctx.shared.reconcile_concurrency,
+                            ctx.shared.unregistration_workers
+                        ),
+                        (3, 5)
+                    );
+                    let counter = ctx.shared.metrics.register(|registry| {
+                        let counter =
+                            prometheus_client::metrics::counter::Counter::<u64>::default();
+                        registry.register("component_ticks", "Ticks", counter.clone());
+                        counter
+                    });
+                    counter.inc();
+                    ctx.ready.ready();
+                    ctx.shutdown.cancelled().await;
+                    Ok::<_, BoxError>(())
+                })])
+                .run_until(async {
+                    let _ = stop_rx.await;
+                }),
+        );
+        get_when(&format!("{base}/readyz"), |status| status == 200).await;
+        let (_, text) = get_when(&format!("{base}/metrics"), |_| true).await;
+        assert!(text.contains("\ncomponent_ticks_total 1\n"), "{text}");
+        assert!(text.contains("arcwright_build_info{"), "{text}");
+        stop_tx.send(()).unwrap();
+        running.await.unwrap().unwrap();
+    }
+
+    /// GETs `url` until `accept` takes the status (the server may not have
+    /// its first answer ready the instant the runtime starts).
+    async fn get_when(url: &str, accept: impl Fn(u16) -> bool) -> (u16, String) {
+        let client = reqwest::Client::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(response) = client.get(url).send().await {
+                let status = response.status().as_u16();
+                if accept(status) {
+                    return (status, response.text().await.unwrap());
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{url} never answered as expected"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}

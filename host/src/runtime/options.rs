@@ -1,0 +1,345 @@
+//! The flags of `arcwright run`, each with an environment variable behind
+//! it (a Deployment sets either), in groups that `--help` shows apart.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use k8s_openapi::NamespaceResourceScope;
+use kube::{Api, Client, Resource};
+
+use crate::telemetry::LogOptions;
+
+/// Everything `arcwright run` is told.
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
+pub struct RunOptions {
+    /// How to reach the API server.
+    #[command(flatten, next_help_heading = "Kubernetes")]
+    pub kube: KubeOptions,
+    /// Which namespaces the controllers watch.
+    #[command(flatten, next_help_heading = "Kubernetes")]
+    pub watch: WatchOptions,
+    /// Where the probes and metrics are served.
+    #[command(flatten, next_help_heading = "Endpoints")]
+    pub http: HttpOptions,
+    /// Logging.
+    #[command(flatten, next_help_heading = "Logging")]
+    pub log: LogOptions,
+    /// How much work runs at once.
+    #[command(flatten, next_help_heading = "Controllers")]
+    pub controllers: ControllerOptions,
+    /// How shutdown is bounded.
+    #[command(flatten, next_help_heading = "Controllers")]
+    pub shutdown: ShutdownOptions,
+}
+
+/// How to reach the API server.
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
+pub struct KubeOptions {
+    /// A kubeconfig file to connect with (its current context). Without it
+    /// (and without --in-cluster) the usual search applies: $KUBECONFIG,
+    /// ~/.kube/config, then the pod's service account.
+    #[arg(long, env = "ARCWRIGHT_KUBECONFIG", value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Connect with the pod's service account only, whatever kubeconfig is
+    /// around.
+    #[arg(long, env = "ARCWRIGHT_IN_CLUSTER", conflicts_with = "kubeconfig")]
+    pub in_cluster: bool,
+}
+
+/// Where the client configuration comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KubeSource {
+    /// `kube::Config::infer`: `$KUBECONFIG`, `~/.kube/config`, in-cluster.
+    Infer,
+    /// This kubeconfig file.
+    File(PathBuf),
+    /// The pod's service account.
+    InCluster,
+}
+
+impl KubeOptions {
+    /// Where the configuration comes from.
+    pub fn source(&self) -> KubeSource {
+        let Self {
+            kubeconfig,
+            in_cluster,
+        } = self;
+        match (kubeconfig, in_cluster) {
+            (Some(path), _) => KubeSource::File(path.clone()),
+            (None, true) => KubeSource::InCluster,
+            (None, false) => KubeSource::Infer,
+        }
+    }
+}
+
+/// Which namespaces the controllers watch.
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
+pub struct WatchOptions {
+    /// A namespace to watch; repeat the flag (or separate with commas) for
+    /// several. Without any, every namespace is watched, which needs
+    /// cluster-wide permissions.
+    #[arg(
+        long = "namespace",
+        short = 'n',
+        env = "ARCWRIGHT_NAMESPACES",
+        value_name = "NAMESPACE",
+        value_delimiter = ',',
+        value_parser = parse_namespace
+    )]
+    pub namespaces: Vec<String>,
+}
+
+impl WatchOptions {
+    /// The scope the flags describe.
+    pub fn scope(&self) -> WatchScope {
+        let Self { namespaces } = self;
+        if namespaces.is_empty() {
+            WatchScope::All
+        } else {
+            WatchScope::Namespaces(namespaces.iter().cloned().collect())
+        }
+    }
+}
+
+/// The namespaces the controllers watch: every one, or a fixed set.
+///
+/// A fixed set becomes one watch per namespace rather than a cluster-wide
+/// watch filtered locally, so a namespaced Role is enough to run it and the
+/// process never receives objects it would throw away.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchScope {
+    /// Every namespace.
+    All,
+    /// Only these (never empty).
+    Namespaces(BTreeSet<String>),
+}
+
+impl WatchScope {
+    /// The APIs to list and watch `K` through: one cluster-wide, or one per
+    /// namespace.
+    pub fn apis<K>(&self, client: &Client) -> Vec<Api<K>>
+    where
+        K: Resource<Scope = NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match self {
+            Self::All => vec![Api::all(client.clone())],
+            Self::Namespaces(namespaces) => namespaces
+                .iter()
+                .map(|namespace| Api::namespaced(client.clone(), namespace))
+                .collect(),
+        }
+    }
+
+    /// Whether an object in `namespace` is in scope.
+    pub fn contains(&self, namespace: &str) -> bool {
+        match self {
+            Self::All => true,
+            Self::Namespaces(namespaces) => namespaces.contains(namespace),
+        }
+    }
+}
+
+/// A namespace name as the API server accepts it (an RFC 1123 label), so a
+/// typo fails at start-up with its reason instead of as a 404 per watch.
+fn parse_namespace(text: &str) -> Result<String, String> {
+    let valid = !text.is_empty()
+        && text.len() <= 63
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !text.starts_with('-')
+        && !text.ends_with('-');
+    if valid {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "{text:?} is not a namespace name (at most 63 lower-case letters, digits and '-', \
+             starting and ending with a letter or digit)"
+        ))
+    }
+}
+
+/// Where the probes and metrics are served.
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
+pub struct HttpOptions {
+    /// The address `/healthz`, `/readyz` and `/metrics` are served on.
+    /// Port 0 picks a free port; the log says which.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_LISTEN_ADDRESS",
+        value_name = "ADDRESS",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub listen_address: SocketAddr,
+}
+
+/// How much work runs at once.
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
+pub struct ControllerOptions {
+    /// How many objects each controller reconciles at once.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_RECONCILE_CONCURRENCY",
+        value_name = "N",
+        default_value_t = 8,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub reconcile_concurrency: u16,
+    /// How many workers remove runner registrations from the Actions
+    /// service, off the reconcile path (at least 4).
+    #[arg(
+        long,
+        env = "ARCWRIGHT_UNREGISTRATION_WORKERS",
+        value_name = "N",
+        default_value_t = 4,
+        value_parser = clap::value_parser!(u16).range(4..)
+    )]
+    pub unregistration_workers: u16,
+}
+
+/// How shutdown is bounded.
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
+pub struct ShutdownOptions {
+    /// How long components get, after SIGTERM or SIGINT, to finish (listeners
+    /// delete their message sessions) before the process gives up on them.
+    /// Keep it below the pod's terminationGracePeriodSeconds (30 s by
+    /// default) so the kubelet does not kill the process first.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_SHUTDOWN_TIMEOUT",
+        value_name = "DURATION",
+        default_value = "25s",
+        value_parser = parse_duration
+    )]
+    pub shutdown_timeout: Duration,
+}
+
+/// `25s`, `1m30s`, `2 minutes` or ISO 8601 (`PT25S`).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let signed: jiff::SignedDuration = text
+        .parse()
+        .map_err(|e| format!("{text:?} is not a duration like 25s or 1m30s: {e}"))?;
+    Duration::try_from(signed).map_err(|_| format!("{text:?} is negative"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+    use crate::telemetry::LogFormat;
+
+    /// `RunOptions` as a command of its own, as the binary flattens it.
+    #[derive(Debug, Parser)]
+    #[command(name = "run")]
+    struct Run {
+        #[command(flatten)]
+        options: RunOptions,
+    }
+
+    /// Parses flags alone; every flag, and its environment fallback, is
+    /// tested in `tests/run_options.rs`, a binary of its own, because
+    /// setting variables while other tests' threads read the environment
+    /// is undefined behaviour.
+    fn parse(args: &[&str]) -> Result<RunOptions, clap::Error> {
+        Run::try_parse_from(std::iter::once("run").chain(args.iter().copied()))
+            .map(|run| run.options)
+    }
+
+    #[test]
+    fn the_command_is_well_formed() {
+        Run::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_watch_everything_and_serve_on_8080() {
+        let RunOptions {
+            kube,
+            watch,
+            http: HttpOptions { listen_address },
+            log: LogOptions {
+                log_format,
+                log_level,
+            },
+            controllers:
+                ControllerOptions {
+                    reconcile_concurrency,
+                    unregistration_workers,
+                },
+            shutdown: ShutdownOptions { shutdown_timeout },
+        } = parse(&[]).unwrap();
+        assert_eq!(kube.source(), KubeSource::Infer);
+        assert_eq!(watch.scope(), WatchScope::All);
+        assert_eq!(listen_address, "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(log_format, LogFormat::Text);
+        assert_eq!(log_level, "info");
+        assert_eq!(reconcile_concurrency, 8);
+        assert_eq!(unregistration_workers, 4);
+        assert_eq!(shutdown_timeout, Duration::from_secs(25));
+    }
+
+    #[test]
+    fn in_cluster_and_a_kubeconfig_exclude_each_other() {
+        let flag = parse(&["--in-cluster"]).unwrap();
+        assert_eq!(flag.kube.source(), KubeSource::InCluster);
+        let both = parse(&["--in-cluster", "--kubeconfig", "/k"]).unwrap_err();
+        assert_eq!(both.kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_their_reason() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--namespace", "CI"], "is not a namespace name"),
+            (&["--namespace=-ci"], "is not a namespace name"),
+            (&["--namespace", ""], "is not a namespace name"),
+            (&["--listen-address", "8080"], "invalid socket address"),
+            (&["--log-format", "xml"], "possible values: text, json"),
+            (
+                &["--log-level", "arcwright=loud"],
+                "not a log level or filter",
+            ),
+            (&["--reconcile-concurrency", "0"], "not in 1.."),
+            (&["--unregistration-workers", "2"], "not in 4.."),
+            (
+                &["--shutdown-timeout", "soon"],
+                "is not a duration like 25s",
+            ),
+            (&["--shutdown-timeout=-5s"], "is negative"),
+        ];
+        for (args, want) in cases {
+            let err = parse(args).unwrap_err().to_string();
+            assert!(err.contains(want), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn namespace_names_follow_the_api_server() {
+        let cases = [
+            ("ci", true),
+            ("a", true),
+            ("team-1", true),
+            ("1team", true),
+            (&*"a".repeat(63), true),
+            (&*"a".repeat(64), false),
+            ("Team", false),
+            ("team_1", false),
+            ("team-", false),
+            ("team.ci", false),
+        ];
+        for (name, ok) in cases {
+            assert_eq!(parse_namespace(name).is_ok(), ok, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_scope_contains_its_namespaces() {
+        let scope = WatchScope::Namespaces(["ci".into()].into());
+        assert!(scope.contains("ci"));
+        assert!(!scope.contains("prod"));
+        assert!(WatchScope::All.contains("prod"));
+    }
+}

@@ -1,0 +1,267 @@
+//! `arcwright run` as a process against the local API server: ready once
+//! its components are, policy metrics on `/metrics`, a clean exit on
+//! SIGTERM.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use arcwright_harness::TestEnv;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+/// The binary, started with `args`, its stderr read line by line into the
+/// returned channel (and so never left to fill its pipe).
+fn start(args: &[&str]) -> (Child, mpsc::UnboundedReceiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_arcwright"))
+        .arg("run")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the arcwright binary starts");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("arcwright: {line}");
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// Waits for the JSON log line whose message is `message`.
+async fn log_line(lines: &mut mpsc::UnboundedReceiver<String>, message: &str) -> serde_json::Value {
+    let wait = async {
+        while let Some(line) = lines.recv().await {
+            let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) else {
+                panic!("a log line that is not JSON: {line}");
+            };
+            if json["message"] == message {
+                return json;
+            }
+        }
+        panic!("arcwright exited before logging {message:?}");
+    };
+    tokio::time::timeout(Duration::from_secs(120), wait)
+        .await
+        .unwrap_or_else(|_| panic!("arcwright never logged {message:?}"))
+}
+
+/// One sample of the text format: name, labels, value.
+#[derive(Debug, PartialEq)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// Parses the OpenMetrics text format strictly enough to catch a malformed
+/// exposition: `# HELP`/`# TYPE`/`# UNIT` lines, samples
+/// `name{label="value",...} number`, and a final `# EOF`. Returns the
+/// declared types by family and the samples.
+fn parse_exposition(text: &str) -> (BTreeMap<String, String>, Vec<Sample>) {
+    let mut types = BTreeMap::new();
+    let mut samples = Vec::new();
+    let mut lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.pop(), Some("# EOF"), "the exposition ends with # EOF");
+    for line in lines {
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut parts = rest.splitn(3, ' ');
+            let (keyword, family) = (parts.next().unwrap(), parts.next().unwrap());
+            match keyword {
+                "TYPE" => {
+                    types.insert(family.to_owned(), parts.next().unwrap().to_owned());
+                }
+                "HELP" | "UNIT" => {}
+                other => panic!("unknown comment {other:?} in {line:?}"),
+            }
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').expect("a sample has a value");
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("not a number in {line:?}"));
+        let (name, labels) = match series.split_once('{') {
+            None => (series, BTreeMap::new()),
+            Some((name, labels)) => {
+                let labels = labels.strip_suffix('}').expect("labels end with }");
+                let labels = labels
+                    .split(',')
+                    .filter(|pair| !pair.is_empty())
+                    .map(|pair| {
+                        let (key, value) = pair.split_once('=').expect("label=value");
+                        let value = value
+                            .strip_prefix('"')
+                            .and_then(|v| v.strip_suffix('"'))
+                            .expect("quoted label value");
+                        (key.to_owned(), value.to_owned())
+                    })
+                    .collect();
+                (name, labels)
+            }
+        };
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name in {line:?}"
+        );
+        samples.push(Sample {
+            name: name.to_owned(),
+            labels,
+            value,
+        });
+    }
+    (types, samples)
+}
+
+#[tokio::test]
+async fn run_becomes_ready_serves_policy_metrics_and_exits_cleanly_on_sigterm() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let env = TestEnv::new("run-command").await;
+    let kubeconfig = env.control_plane().kubeconfig_path().to_str().unwrap();
+    let (mut child, mut lines) = start(&[
+        "--kubeconfig",
+        kubeconfig,
+        "--namespace",
+        env.namespace(),
+        "--listen-address",
+        "127.0.0.1:0",
+        "--log-format",
+        "json",
+        "--log-level",
+        "info",
+    ]);
+
+    let serving = log_line(&mut lines, "serving /healthz, /readyz and /metrics").await;
+    let base = format!("http://{}", serving["address"].as_str().unwrap());
+    let http = reqwest::Client::new();
+    assert_eq!(
+        http.get(format!("{base}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    // Ready once the API server answered and the bundled policies compiled.
+    log_line(&mut lines, "bundled policies compiled").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let response = http.get(format!("{base}/readyz")).send().await.unwrap();
+        if response.status() == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz still says {:?}",
+            response.text().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let (types, samples) = parse_exposition(&text);
+    for (family, kind) in [
+        ("arcwright_policy_decisions", "counter"),
+        ("arcwright_policy_decision_duration_seconds", "histogram"),
+        ("arcwright_build", "info"),
+    ] {
+        assert_eq!(
+            types.get(family).map(String::as_str),
+            Some(kind),
+            "{family} in {text}"
+        );
+    }
+    // The bundled defaults' series exist, at zero, before any decision.
+    for (kind, policy) in [
+        ("scaling", "builtin:default"),
+        ("deregistration", "builtin:exit-code"),
+        ("pod-validation", "builtin:default"),
+    ] {
+        let labels: BTreeMap<String, String> = [
+            ("kind".into(), kind.into()),
+            ("policy".into(), policy.into()),
+        ]
+        .into();
+        assert!(
+            samples.contains(&Sample {
+                name: "arcwright_policy_decisions_total".into(),
+                labels: labels.clone(),
+                value: 0.0,
+            }),
+            "{kind} in {text}"
+        );
+        assert!(
+            samples.iter().any(|sample| {
+                sample.name == "arcwright_policy_decision_duration_seconds_count"
+                    && sample.labels == labels
+            }),
+            "{kind} in {text}"
+        );
+    }
+    assert!(
+        samples.contains(&Sample {
+            name: "arcwright_build_info".into(),
+            labels: [("version".into(), env!("CARGO_PKG_VERSION").into())].into(),
+            value: 1.0,
+        }),
+        "{text}"
+    );
+
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("arcwright exits after SIGTERM")
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{status}");
+    log_line(&mut lines, "shut down cleanly").await;
+}
+
+#[tokio::test]
+async fn run_refuses_a_kubeconfig_it_cannot_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("kubeconfig");
+    let (mut child, mut lines) = start(&[
+        "--kubeconfig",
+        missing.to_str().unwrap(),
+        "--listen-address",
+        "127.0.0.1:0",
+    ]);
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("arcwright exits")
+        .unwrap();
+    assert!(!status.success());
+    let mut stderr = String::new();
+    while let Some(line) = lines.recv().await {
+        stderr.push_str(&line);
+        stderr.push('\n');
+    }
+    assert!(
+        stderr.contains(&format!(
+            "the kubeconfig {} cannot be used",
+            missing.display()
+        )),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,175 @@
+//! `arcwright run`'s environment fallbacks. A binary of its own: the tests
+//! set process environment variables, which is only sound while no other
+//! thread reads the environment, so they run one at a time behind a lock
+//! and nothing else runs in this binary.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use arcwright::runtime::options::{
+    ControllerOptions, HttpOptions, KubeOptions, KubeSource, RunOptions, ShutdownOptions,
+    WatchOptions, WatchScope,
+};
+use arcwright::telemetry::{LogFormat, LogOptions};
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(name = "run")]
+struct Run {
+    #[command(flatten)]
+    options: RunOptions,
+}
+
+const VARS: &[&str] = &[
+    "ARCWRIGHT_KUBECONFIG",
+    "ARCWRIGHT_IN_CLUSTER",
+    "ARCWRIGHT_NAMESPACES",
+    "ARCWRIGHT_LISTEN_ADDRESS",
+    "ARCWRIGHT_LOG_FORMAT",
+    "ARCWRIGHT_LOG_LEVEL",
+    "ARCWRIGHT_RECONCILE_CONCURRENCY",
+    "ARCWRIGHT_UNREGISTRATION_WORKERS",
+    "ARCWRIGHT_SHUTDOWN_TIMEOUT",
+];
+
+/// Parses `args` with exactly the `env` variables of ours set.
+fn parse(args: &[&str], env: &[(&str, &str)]) -> Result<RunOptions, clap::Error> {
+    static ENV: Mutex<()> = Mutex::new(());
+    let _guard = ENV.lock().unwrap_or_else(PoisonError::into_inner);
+    // SAFETY: the lock keeps the tests of this binary, the only code in it
+    // that touches the environment, on one thread at a time.
+    unsafe {
+        for var in VARS {
+            std::env::remove_var(var);
+        }
+        for (key, value) in env {
+            std::env::set_var(key, value);
+        }
+    }
+    let parsed = Run::try_parse_from(std::iter::once("run").chain(args.iter().copied()));
+    // SAFETY: as above.
+    unsafe {
+        for (key, _) in env {
+            std::env::remove_var(key);
+        }
+    }
+    parsed.map(|run| run.options)
+}
+
+/// What the flags and the environment below both say. A struct literal:
+/// a new flag fails to compile here until the tests cover it.
+fn expected() -> RunOptions {
+    RunOptions {
+        kube: KubeOptions {
+            kubeconfig: Some("/etc/kube/config".into()),
+            in_cluster: false,
+        },
+        watch: WatchOptions {
+            namespaces: vec!["ci".into(), "ci-large".into()],
+        },
+        http: HttpOptions {
+            listen_address: "127.0.0.1:9090".parse().unwrap(),
+        },
+        log: LogOptions {
+            log_format: LogFormat::Json,
+            log_level: "arcwright=debug,kube=warn".into(),
+        },
+        controllers: ControllerOptions {
+            reconcile_concurrency: 32,
+            unregistration_workers: 12,
+        },
+        shutdown: ShutdownOptions {
+            shutdown_timeout: Duration::from_secs(90),
+        },
+    }
+}
+
+#[test]
+fn every_flag_is_read() {
+    let options = parse(
+        &[
+            "--kubeconfig",
+            "/etc/kube/config",
+            "-n",
+            "ci",
+            "--namespace",
+            "ci-large",
+            "--listen-address",
+            "127.0.0.1:9090",
+            "--log-format",
+            "json",
+            "--log-level",
+            "arcwright=debug,kube=warn",
+            "--reconcile-concurrency",
+            "32",
+            "--unregistration-workers",
+            "12",
+            "--shutdown-timeout",
+            "1m30s",
+        ],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(options, expected());
+}
+
+#[test]
+fn every_flag_falls_back_to_its_environment_variable() {
+    let options = parse(
+        &[],
+        &[
+            ("ARCWRIGHT_KUBECONFIG", "/etc/kube/config"),
+            ("ARCWRIGHT_NAMESPACES", "ci,ci-large"),
+            ("ARCWRIGHT_LISTEN_ADDRESS", "127.0.0.1:9090"),
+            ("ARCWRIGHT_LOG_FORMAT", "json"),
+            ("ARCWRIGHT_LOG_LEVEL", "arcwright=debug,kube=warn"),
+            ("ARCWRIGHT_RECONCILE_CONCURRENCY", "32"),
+            ("ARCWRIGHT_UNREGISTRATION_WORKERS", "12"),
+            ("ARCWRIGHT_SHUTDOWN_TIMEOUT", "90s"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(options, expected());
+}
+
+#[test]
+fn repeated_and_comma_separated_namespaces_make_one_scope() {
+    let options = parse(&["-n", "ci", "--namespace", "ci-large,ci"], &[]).unwrap();
+    assert_eq!(
+        options.watch.scope(),
+        WatchScope::Namespaces(["ci".into(), "ci-large".into()].into())
+    );
+}
+
+#[test]
+fn a_flag_wins_over_its_environment_variable() {
+    let options = parse(
+        &["--namespace", "flag", "--log-format", "text"],
+        &[
+            ("ARCWRIGHT_NAMESPACES", "env"),
+            ("ARCWRIGHT_LOG_FORMAT", "json"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        options.watch.scope(),
+        WatchScope::Namespaces(["flag".into()].into())
+    );
+    assert_eq!(options.log.log_format, LogFormat::Text);
+}
+
+#[test]
+fn in_cluster_is_a_boolean_in_the_environment() {
+    let on = parse(&[], &[("ARCWRIGHT_IN_CLUSTER", "true")]).unwrap();
+    assert_eq!(on.kube.source(), KubeSource::InCluster);
+    let off = parse(&[], &[("ARCWRIGHT_IN_CLUSTER", "false")]).unwrap();
+    assert_eq!(off.kube.source(), KubeSource::Infer);
+}
+
+#[test]
+fn a_bad_environment_value_is_refused_with_its_reason() {
+    let err = parse(&[], &[("ARCWRIGHT_NAMESPACES", "ci,Prod")])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("\"Prod\" is not a namespace name"), "{err}");
+}
