@@ -165,7 +165,7 @@ fn controller_runs_as_non_root_on_a_read_only_root_filesystem_with_probes_on_hea
         container["resources"]["requests"].is_object(),
         "{container}"
     );
-    assert_eq!(deployment["spec"]["replicas"], 2);
+    assert_eq!(deployment["spec"]["replicas"], 1);
     // The pod runs the chart's ServiceAccount.
     let account = one(&objects, "ServiceAccount");
     assert_eq!(pod["serviceAccountName"], account["metadata"]["name"]);
@@ -200,7 +200,7 @@ fn controller_flags_and_default_policies_follow_values() {
             "--set",
             "concurrency=3",
             "--set",
-            "replicas=1",
+            "replicas=3",
             "--set",
             "metricsPort=9090",
             "--set-json",
@@ -224,6 +224,7 @@ fn controller_flags_and_default_policies_follow_values() {
         assert!(args.contains(&expected), "{expected} missing from {args:?}");
     }
     assert_eq!(container["ports"][0]["containerPort"], 9090);
+    assert_eq!(one(&objects, "Deployment")["spec"]["replicas"], 3);
     let policies = &named(&objects, "ConfigMap", "release-arcwright-default-policies")["data"]["default-policies.yaml"];
     let policies: Value = serde_yaml::from_str(policies.as_str().unwrap()).unwrap();
     assert_eq!(
