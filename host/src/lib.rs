@@ -12,6 +12,6 @@ pub mod controllers;
 pub mod credentials;
 pub mod listener;
 pub mod policy;
-pub mod unregistration;
 pub mod runtime;
 pub mod telemetry;
+pub mod unregistration;

@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use arcwright::runtime::options::RunOptions;
 use arcwright_harness::TestEnv;
+use clap::Parser;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -22,6 +24,13 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use serde::Deserialize;
 use serde_json::{Value, json};
+
+/// `arcwright run` as the binary parses it.
+#[derive(Parser)]
+struct RunCommand {
+    #[command(flatten)]
+    options: RunOptions,
+}
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -218,11 +227,18 @@ fn controller_flags_and_default_policies_follow_values() {
         "--namespace=ci",
         "--namespace=nightly",
         "--log-format=text",
-        "--concurrency=3",
-        "--listen=0.0.0.0:9090",
+        "--reconcile-concurrency=3",
+        "--listen-address=0.0.0.0:9090",
     ] {
         assert!(args.contains(&expected), "{expected} missing from {args:?}");
     }
+    // The Deployment's arguments are ones `arcwright run` accepts: parsed by
+    // the very options struct the binary uses, so a renamed flag fails here
+    // rather than in a crash-looping pod.
+    assert_eq!(args[0], "run");
+    let parsed = RunCommand::try_parse_from(args.iter().copied())
+        .unwrap_or_else(|err| panic!("the chart's arguments {args:?} are refused: {err}"));
+    assert_eq!(parsed.options.controllers.reconcile_concurrency, 3);
     assert_eq!(container["ports"][0]["containerPort"], 9090);
     assert_eq!(one(&objects, "Deployment")["spec"]["replicas"], 3);
     let policies = &named(&objects, "ConfigMap", "release-arcwright-default-policies")["data"]["default-policies.yaml"];
