@@ -252,3 +252,34 @@ async fn the_api_server_refuses_what_the_schema_forbids() {
         .unwrap_or_else(|e| panic!("{min:?}..{max:?} accepted: {e}"));
     }
 }
+
+/// `crds/` is exactly what the Rust types generate: no file stale, missing or
+/// left over. `cargo xtask crds --check` runs this test, so the check shares
+/// the workspace's test build instead of compiling the controller once more
+/// with another feature set.
+#[test]
+fn the_committed_crds_are_the_ones_the_types_generate() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds");
+    let files = arcwright::api::crd_files().expect("the CRDs render");
+    let mut problems = Vec::new();
+    for (name, body) in &files {
+        match std::fs::read_to_string(dir.join(name)) {
+            Ok(current) if current == *body => {}
+            Ok(_) => problems.push(format!("crds/{name} is stale")),
+            Err(_) => problems.push(format!("crds/{name} is missing")),
+        }
+    }
+    for entry in std::fs::read_dir(&dir).expect("crds/ exists").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".yaml") && !files.iter().any(|(generated, _)| *generated == name) {
+            problems.push(format!(
+                "crds/{name} is not generated from the types any more"
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "{}; run `cargo xtask crds` and commit crds/",
+        problems.join("; ")
+    );
+}
