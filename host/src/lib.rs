@@ -7,4 +7,5 @@
 #![deny(missing_docs)]
 
 pub mod actions;
+pub mod api;
 pub mod policy;

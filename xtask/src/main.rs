@@ -1,5 +1,5 @@
 //! arcwright's entry points: `cargo xtask test`, `cargo xtask bench`,
-//! `cargo xtask control-plane`.
+//! `cargo xtask crds`, `cargo xtask control-plane`.
 //!
 //! These are the commands the README promises. They make sure of what a fresh
 //! machine lacks (the `wasm32-wasip2` target, the locally built control
@@ -39,6 +39,13 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Writes `crds/` from the Rust types in `host/src/api`; with `--check`,
+    /// fails when the committed files are stale instead.
+    Crds {
+        /// Compare instead of writing.
+        #[arg(long)]
+        check: bool,
+    },
     /// Builds (once per machine) the local kube-apiserver, etcd and helm,
     /// and prints where they are.
     ControlPlane,
@@ -71,6 +78,17 @@ fn run(cli: Cli) -> Result<()> {
             ensure_wasm_target()?;
             let command = ["bench", "-p", "arcwright", "--bench", "policy"].map(str::to_owned);
             cargo(&command.into_iter().chain(args).collect::<Vec<_>>())
+        }
+        Task::Crds { check } => {
+            ensure_wasm_target()?;
+            let mut command = ["run", "-q", "-p", "arcwright", "--bin", "crdgen", "--"]
+                .map(str::to_owned)
+                .to_vec();
+            if check {
+                command.push("--check".to_owned());
+            }
+            command.push(workspace_root().join("crds").display().to_string());
+            cargo(&command)
         }
         Task::ControlPlane => {
             let bin = control_plane()?;
@@ -114,6 +132,12 @@ fn ensure_wasm_target() -> Result<()> {
 fn control_plane() -> Result<std::path::PathBuf> {
     arcwright_harness::binaries::ensure_built(&|line| eprintln!("xtask: {line}"))
         .context("building the local control plane")
+}
+
+/// The workspace root: the xtask crate's parent directory.
+fn workspace_root() -> std::path::PathBuf {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
 fn cargo(args: &[String]) -> Result<()> {

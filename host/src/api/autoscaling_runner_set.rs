@@ -1,0 +1,132 @@
+//! `AutoscalingRunnerSet`: what a user declares, one scale set.
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::shared::{GitHubServerTls, PolicyRefs, ProxySpec, ResourceMeta, pod_template_schema};
+
+/// A runner scale set: where it registers, how its runners look, how many
+/// it may have, and the policies that make its judgement calls.
+///
+/// The apiserver refuses `minRunners > maxRunners` and a configuration URL
+/// that is not an enterprise, organisation or repository URL, so a typo
+/// fails at `kubectl apply` rather than in the controller's logs.
+#[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "arcwright.dev",
+    version = "v1alpha1",
+    kind = "AutoscalingRunnerSet",
+    namespaced,
+    status = "AutoscalingRunnerSetStatus",
+    shortname = "ars",
+    category = "arcwright",
+    category = "runners",
+    printcolumn = r#"{"name":"Minimum Runners","type":"integer","jsonPath":".spec.minRunners"}"#,
+    printcolumn = r#"{"name":"Maximum Runners","type":"integer","jsonPath":".spec.maxRunners"}"#,
+    printcolumn = r#"{"name":"Current Runners","type":"integer","jsonPath":".status.currentRunners"}"#,
+    printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Pending Runners","type":"integer","jsonPath":".status.pendingEphemeralRunners"}"#,
+    printcolumn = r#"{"name":"Running Runners","type":"integer","jsonPath":".status.runningEphemeralRunners"}"#,
+    printcolumn = r#"{"name":"Failed Runners","type":"integer","jsonPath":".status.failedEphemeralRunners"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new("!has(self.minRunners) || !has(self.maxRunners) || self.minRunners <= self.maxRunners").message("minRunners must not be greater than maxRunners"))]
+#[serde(rename_all = "camelCase")]
+pub struct AutoscalingRunnerSetSpec {
+    /// The enterprise (`https://github.com/enterprises/NAME`), organisation
+    /// (`https://github.com/ORG`) or repository (`https://github.com/ORG/REPO`)
+    /// URL; a GitHub Enterprise Server host is allowed.
+    #[schemars(regex(pattern = r"^https?://[^/\s]+(/[^/\s]+){1,2}/?$"))]
+    pub github_config_url: String,
+    /// The Secret with `github_token`, or `github_app_id`,
+    /// `github_app_installation_id` and `github_app_private_key`.
+    #[schemars(length(min = 1))]
+    pub github_config_secret: String,
+    /// The runner group; the default group when omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_group: Option<String>,
+    /// The scale set's name and `runs-on` label; the object's name when
+    /// omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_scale_set_name: Option<String>,
+    /// Extra labels, applied when the scale set is created.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runner_scale_set_labels: Vec<String>,
+    /// A proxy to GitHub.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxySpec>,
+    /// A private CA for GitHub Enterprise Server.
+    #[serde(
+        default,
+        rename = "githubServerTLS",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub github_server_tls: Option<GitHubServerTls>,
+    /// The runner pod template; its runner container is named `runner`.
+    #[schemars(schema_with = "pod_template_schema")]
+    pub template: PodTemplateSpec,
+    /// At most this many runners; unbounded when omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_runners: Option<i32>,
+    /// At least this many runners; 0 when omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub min_runners: Option<i32>,
+    /// The policies making the scale set's judgement calls.
+    #[serde(flatten)]
+    pub policies: PolicyRefs,
+    /// Extra metadata for the EphemeralRunnerSet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ephemeral_runner_set_metadata: Option<ResourceMeta>,
+    /// Extra metadata for EphemeralRunners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ephemeral_runner_metadata: Option<ResourceMeta>,
+    /// Extra metadata for the runners' JIT config Secrets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ephemeral_runner_config_secret_metadata: Option<ResourceMeta>,
+}
+
+/// Where a scale set is.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub enum AutoscalingRunnerSetPhase {
+    /// Its listener is not started yet (or is being rebuilt).
+    #[default]
+    Pending,
+    /// Its listener runs.
+    Running,
+    /// Its runners reported an outdated runner version; it rests at zero
+    /// until the spec changes.
+    Outdated,
+}
+
+/// The scale set's counts, copied from its EphemeralRunnerSet.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoscalingRunnerSetStatus {
+    /// Pending + running + failed runners.
+    #[serde(default)]
+    pub current_runners: i32,
+    /// The phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<AutoscalingRunnerSetPhase>,
+    /// Runners not running yet.
+    #[serde(default)]
+    pub pending_ephemeral_runners: i32,
+    /// Runners running.
+    #[serde(default)]
+    pub running_ephemeral_runners: i32,
+    /// Runners failed.
+    #[serde(default)]
+    pub failed_ephemeral_runners: i32,
+    /// The generation the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The standard conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}

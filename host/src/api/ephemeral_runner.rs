@@ -1,0 +1,182 @@
+//! `EphemeralRunner`: one runner, its registration, its JIT config Secret and
+//! its pod.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::PodSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::shared::{GitHubServerTls, PolicyRefs, ProxySpec, ResourceMeta, pod_spec_schema};
+
+/// One ephemeral runner: registered once with the Actions service, run in one
+/// pod at a time, removed from the service before its pod goes.
+///
+/// As in ARC, the pod template is inlined: `spec.metadata` and `spec.spec`
+/// are the runner pod's metadata and spec.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "arcwright.dev",
+    version = "v1alpha1",
+    kind = "EphemeralRunner",
+    namespaced,
+    status = "EphemeralRunnerStatus",
+    shortname = "ephr",
+    category = "arcwright",
+    category = "runners",
+    printcolumn = r#"{"name":"GitHub Config URL","type":"string","jsonPath":".spec.githubConfigUrl"}"#,
+    printcolumn = r#"{"name":"RunnerId","type":"integer","jsonPath":".status.runnerId"}"#,
+    printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"JobRepository","type":"string","jsonPath":".status.jobRepositoryName"}"#,
+    printcolumn = r#"{"name":"JobWorkflowRef","type":"string","jsonPath":".status.jobWorkflowRef","priority":1}"#,
+    printcolumn = r#"{"name":"WorkflowRunId","type":"integer","jsonPath":".status.workflowRunId","priority":1}"#,
+    printcolumn = r#"{"name":"JobDisplayName","type":"string","jsonPath":".status.jobDisplayName","priority":1}"#,
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.message","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct EphemeralRunnerSpec {
+    /// The enterprise, organisation or repository URL the runner registers with.
+    #[schemars(regex(pattern = r"^https?://[^/\s]+(/[^/\s]+){1,2}/?$"))]
+    pub github_config_url: String,
+    /// The Secret with the GitHub credentials (ARC's keys).
+    pub github_config_secret: String,
+    /// The scale set the runner registers in.
+    #[serde(default)]
+    pub runner_scale_set_id: i64,
+    /// A proxy to GitHub.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxySpec>,
+    /// The Secret holding the proxy settings handed to the runner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_secret_ref: Option<String>,
+    /// A private CA for GitHub Enterprise Server.
+    #[serde(
+        default,
+        rename = "githubServerTLS",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub github_server_tls: Option<GitHubServerTls>,
+    /// Extra metadata for the JIT config Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ephemeral_runner_config_secret_metadata: Option<ResourceMeta>,
+    /// The policies, as the AutoscalingRunnerSet declared them.
+    #[serde(flatten)]
+    pub policies: PolicyRefs,
+    /// The runner pod's metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<ObjectMeta>,
+    /// The runner pod's spec; its runner container is named `runner`.
+    #[schemars(schema_with = "pod_spec_schema")]
+    pub spec: PodSpec,
+}
+
+/// Where a runner is in its life.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum EphemeralRunnerPhase {
+    /// Registered or being registered; its pod is not running yet.
+    #[default]
+    Pending,
+    /// Its pod runs.
+    Running,
+    /// The runner exited 0.
+    Succeeded,
+    /// The runner failed for good (too many failed starts, a lost job, an
+    /// invalid pod).
+    Failed,
+    /// The runner refused to run because its version is outdated (exit code
+    /// 7); the scale set reacts to it.
+    Outdated,
+}
+
+impl EphemeralRunnerPhase {
+    /// The name used in status and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Running => "Running",
+            Self::Succeeded => "Succeeded",
+            Self::Failed => "Failed",
+            Self::Outdated => "Outdated",
+        }
+    }
+
+    /// Succeeded, Failed and Outdated are final (ARC's `IsDone`).
+    pub fn is_done(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Outdated)
+    }
+}
+
+/// What the controller and the listener know about a runner. Never holds the
+/// JIT config or any other secret.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EphemeralRunnerStatus {
+    /// The phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<EphemeralRunnerPhase>,
+    /// A short machine-readable reason for the phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// A human-readable message for the phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Whether the runner pod is ready.
+    #[serde(default)]
+    pub ready: bool,
+    /// The registration's id in the Actions service; 0 until registered.
+    #[serde(default)]
+    pub runner_id: i64,
+    /// The registration's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_name: Option<String>,
+    /// Failed starts, by pod uid, with when they were seen: the backoff's
+    /// bookkeeping.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failures: BTreeMap<String, Time>,
+    /// The runner container's exit code, once it terminated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The runner container's termination reason (`Completed`, `Error`,
+    /// `OOMKilled`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_reason: Option<String>,
+    /// The job's request id, set by the listener on JobStarted.
+    #[serde(default)]
+    pub job_request_id: i64,
+    /// The job's id; set means the runner has a job (ARC's `HasJob`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
+    /// `owner/repo` of the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_repository_name: Option<String>,
+    /// The workflow reference of the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_workflow_ref: Option<String>,
+    /// The workflow run id of the job.
+    #[serde(default)]
+    pub workflow_run_id: i64,
+    /// The job's display name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_display_name: Option<String>,
+    /// When the job started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_started_at: Option<Time>,
+    /// The standard conditions: `Registered`, `PolicyFallback`...
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+impl EphemeralRunnerStatus {
+    /// Whether the listener recorded a job for this runner.
+    pub fn has_job(&self) -> bool {
+        self.job_id.as_deref().is_some_and(|id| !id.is_empty()) || self.job_request_id != 0
+    }
+
+    /// The condition of `type_`, if any.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}

@@ -1,0 +1,77 @@
+//! The custom resources, `arcwright.dev/v1alpha1`: ARC's three kinds under
+//! arcwright's group, plus the policy references and the revision
+//! bookkeeping arcwright adds.
+//!
+//! The Rust types are the source of truth: `cargo xtask crds` writes
+//! `crds/*.yaml` from them ([`crd_files`]) and CI fails when the files are
+//! stale. One module per kind; what they share is in [`shared`].
+
+pub mod autoscaling_runner_set;
+pub mod ephemeral_runner;
+pub mod ephemeral_runner_set;
+pub mod shared;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+pub use autoscaling_runner_set::{
+    AutoscalingRunnerSet, AutoscalingRunnerSetPhase, AutoscalingRunnerSetSpec,
+    AutoscalingRunnerSetStatus,
+};
+pub use ephemeral_runner::{
+    EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec, EphemeralRunnerStatus,
+};
+pub use ephemeral_runner_set::{
+    EphemeralRunnerSet, EphemeralRunnerSetPhase, EphemeralRunnerSetSpec, EphemeralRunnerSetStatus,
+};
+pub use shared::{
+    GitHubServerTls, PolicyRefs, ProxyServer, ProxySpec, ResourceMeta, TlsCertificateSource,
+};
+
+/// The API group.
+pub const GROUP: &str = "arcwright.dev";
+/// The API version.
+pub const VERSION: &str = "v1alpha1";
+
+/// Labels arcwright puts on the objects it creates, to find them again.
+pub mod labels {
+    /// The scale set (AutoscalingRunnerSet name) an object belongs to.
+    pub const SCALE_SET_NAME: &str = "arcwright.dev/scale-set-name";
+    /// The scale set's namespace.
+    pub const SCALE_SET_NAMESPACE: &str = "arcwright.dev/scale-set-namespace";
+    /// The EphemeralRunner a pod or Secret belongs to.
+    pub const EPHEMERAL_RUNNER: &str = "arcwright.dev/ephemeral-runner";
+    /// `app.kubernetes.io/component`: `runner`, `runner-set`...
+    pub const COMPONENT: &str = "app.kubernetes.io/component";
+    /// `app.kubernetes.io/part-of`.
+    pub const PART_OF: &str = "app.kubernetes.io/part-of";
+    /// `app.kubernetes.io/managed-by`.
+    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+}
+
+/// Every CRD, in a stable order.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![
+        AutoscalingRunnerSet::crd(),
+        EphemeralRunnerSet::crd(),
+        EphemeralRunner::crd(),
+    ]
+}
+
+/// The files `crds/` holds: one YAML document per CRD, named after it
+/// (`ephemeralrunners.arcwright.dev.yaml`).
+pub fn crd_files() -> Result<Vec<(String, String)>, serde_yaml::Error> {
+    crds()
+        .into_iter()
+        .map(|crd| {
+            let name = format!("{}.yaml", crd.metadata.name.clone().unwrap_or_default());
+            let body = serde_yaml::to_string(&crd)?;
+            Ok((
+                name,
+                format!(
+                    "# Generated from host/src/api by `cargo xtask crds`; do not edit.\n{body}"
+                ),
+            ))
+        })
+        .collect()
+}

@@ -1,0 +1,41 @@
+//! What the cluster tests share: installing the committed CRDs.
+
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::wait::{await_condition, conditions};
+
+/// Applies every file in `crds/` with server-side apply (idempotent, so
+/// every test of a binary may call it) and waits until each CRD is
+/// established. Returns how many were applied.
+pub async fn install_crds(client: kube::Client) -> usize {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds");
+    let crds: Api<CustomResourceDefinition> = Api::all(client);
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("crds/ exists") {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let crd: CustomResourceDefinition = serde_yaml::from_str(&text)
+            .unwrap_or_else(|e| panic!("{} is a CRD: {e}", path.display()));
+        let name = crd.metadata.name.clone().unwrap();
+        crds.patch(
+            &name,
+            &PatchParams::apply("arcwright-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the API server accepts {}: {e}", path.display()));
+        names.push(name);
+    }
+    for name in &names {
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            await_condition(crds.clone(), name, conditions::is_crd_established()),
+        )
+        .await
+        .expect("established within 30 s")
+        .expect("waiting for the CRD");
+    }
+    names.len()
+}
