@@ -8,4 +8,5 @@
 
 pub mod actions;
 pub mod api;
+pub mod controllers;
 pub mod policy;
