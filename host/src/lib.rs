@@ -9,4 +9,6 @@
 pub mod actions;
 pub mod api;
 pub mod controllers;
+pub mod credentials;
 pub mod policy;
+pub mod unregistration;
