@@ -22,6 +22,7 @@ use std::future::Future;
 
 use crate::actions::{ActionsClient, ActionsError};
 use crate::api::AutoscalingRunnerSet;
+use crate::credentials::{ActionsClients, CredentialsError, GitHubTarget, ProxyTarget};
 
 pub use listener_control::{
     InMemoryListeners, ListenerConfig, ListenerControl, ListenerError, ListenerEvent,
@@ -130,5 +131,51 @@ impl Error {
             Self::Listener(_) => "listener",
             Self::Incomplete(_) => "incomplete",
         }
+    }
+}
+
+/// Where `set`'s GitHub configuration lives, for the shared credentials
+/// cache. The CRD gives each proxy server its own credential Secret; the
+/// client takes one, the `https` one first since GitHub is reached over
+/// HTTPS.
+pub fn github_target(set: &AutoscalingRunnerSet) -> GitHubTarget {
+    use kube::ResourceExt;
+    let spec = &set.spec;
+    GitHubTarget {
+        namespace: set.namespace().unwrap_or_default(),
+        config_url: spec.github_config_url.clone(),
+        secret_name: spec.github_config_secret.clone(),
+        proxy: spec.proxy.as_ref().map(|proxy| ProxyTarget {
+            http_url: proxy.http.as_ref().map(|server| server.url.clone()),
+            https_url: proxy.https.as_ref().map(|server| server.url.clone()),
+            no_proxy: proxy.no_proxy.clone(),
+            credential_secret: [&proxy.https, &proxy.http]
+                .into_iter()
+                .flatten()
+                .find_map(|server| server.credential_secret_ref.clone()),
+        }),
+        ca_config_map: spec
+            .github_server_tls
+            .as_ref()
+            .and_then(|tls| tls.certificate_from.as_ref())
+            .and_then(|from| from.config_map_key_ref.as_ref())
+            .map(|selector| (selector.name.clone(), selector.key.clone())),
+    }
+}
+
+/// The production source: the shared cache, keyed by target and the
+/// Secret's version.
+impl ActionsClientSource for ActionsClients {
+    async fn client(&self, set: &AutoscalingRunnerSet) -> Result<ActionsClient, CredentialError> {
+        let name = set.spec.github_config_secret.clone();
+        self.get(&github_target(set))
+            .await
+            .map_err(|error| match error {
+                CredentialsError::SecretNotFound { .. } => CredentialError::SecretNotFound { name },
+                other => CredentialError::Unusable {
+                    name,
+                    message: other.to_string(),
+                },
+            })
     }
 }
