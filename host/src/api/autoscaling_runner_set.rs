@@ -129,4 +129,7 @@ pub struct AutoscalingRunnerSetStatus {
     /// The standard conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The scale set's id in the Actions service, once registered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_scale_set_id: Option<i64>,
 }

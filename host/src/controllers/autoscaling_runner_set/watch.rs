@@ -1,0 +1,176 @@
+//! The owned watch on EphemeralRunnerSets, which wakes the scale set only
+//! when something it reads changed (seed 004).
+//!
+//! The listener rewrites a set's `replicas` and `patchID`, and the set's
+//! own controller rewrites its counters and conditions all the time; the
+//! AutoscalingRunnerSet reads only the set's metadata, spec, phase and
+//! applied revision ([`super::plan::RunnerSetObserved`]). An update whose
+//! projection of those fields is unchanged is dropped. A predicate may only
+//! ever be an optimisation, so the projection is exactly what the
+//! reconciler reads, deletions are always delivered, and the primary watch
+//! on AutoscalingRunnerSets is not filtered at all.
+
+use std::collections::HashMap;
+
+use futures::{Stream, StreamExt};
+use kube::Resource;
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+
+use crate::api::EphemeralRunnerSet;
+
+/// The fields of an EphemeralRunnerSet its owner reads: the metadata
+/// (without `resourceVersion` and `managedFields`, which move on every
+/// write), the whole spec, the phase and the applied revision.
+pub fn runner_set_projection(set: &EphemeralRunnerSet) -> Value {
+    let mut metadata = set.meta().clone();
+    metadata.resource_version = None;
+    metadata.managed_fields = None;
+    let status = set.status.as_ref();
+    json!({
+        "metadata": metadata,
+        "spec": set.spec,
+        "phase": status.and_then(|s| s.phase),
+        "appliedActionableRevision": status.map(|s| s.applied_actionable_revision),
+    })
+}
+
+/// Remembers the last projection delivered per object.
+#[derive(Default)]
+pub struct ProjectionFilter {
+    seen: HashMap<String, Value>,
+}
+
+impl ProjectionFilter {
+    /// Whether `event` should wake the owner: a change of the projection, a
+    /// first sight, or a deletion (which also forgets the object).
+    pub fn admit(&mut self, event: &watcher::Event<EphemeralRunnerSet>) -> bool {
+        match event {
+            watcher::Event::Apply(set) | watcher::Event::InitApply(set) => {
+                let key = set.meta().uid.clone().unwrap_or_default();
+                let projection = runner_set_projection(set);
+                if self.seen.get(&key) == Some(&projection) {
+                    return false;
+                }
+                self.seen.insert(key, projection);
+                true
+            }
+            watcher::Event::Delete(set) => {
+                self.seen
+                    .remove(&set.meta().uid.clone().unwrap_or_default());
+                true
+            }
+            watcher::Event::Init | watcher::Event::InitDone => true,
+        }
+    }
+}
+
+/// The EphemeralRunnerSets that should wake their owner, from a watcher's
+/// events.
+pub fn filtered(
+    events: impl Stream<Item = Result<watcher::Event<EphemeralRunnerSet>, watcher::Error>>,
+) -> impl Stream<Item = Result<EphemeralRunnerSet, watcher::Error>> {
+    let mut filter = ProjectionFilter::default();
+    events
+        .filter_map(move |event| {
+            let keep = match &event {
+                Ok(event) => filter.admit(event),
+                Err(_) => true,
+            };
+            futures::future::ready(keep.then_some(event))
+        })
+        .flat_map(|event| {
+            futures::stream::iter(match event {
+                Ok(watcher::Event::Apply(set))
+                | Ok(watcher::Event::InitApply(set))
+                | Ok(watcher::Event::Delete(set)) => vec![Ok(set)],
+                Ok(_) => Vec::new(),
+                Err(error) => vec![Err(error)],
+            })
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{EphemeralRunnerSetPhase, EphemeralRunnerSetStatus};
+
+    fn set() -> EphemeralRunnerSet {
+        let mut set: EphemeralRunnerSet = serde_json::from_value(json!({
+            "apiVersion": "arcwright.dev/v1alpha1",
+            "kind": "EphemeralRunnerSet",
+            "metadata": {"name": "linux", "namespace": "ns", "uid": "u1", "resourceVersion": "1"},
+            "spec": {"replicas": 1, "patchID": 1, "actionableRevision": 1,
+                     "ephemeralRunnerSpec": {"githubConfigUrl": "https://github.com/o",
+                                             "githubConfigSecret": "s", "spec": {"containers": []}}}
+        }))
+        .unwrap();
+        set.status = Some(EphemeralRunnerSetStatus::default());
+        set
+    }
+
+    #[test]
+    fn only_updates_of_what_the_owner_reads_pass() {
+        type Case = (&'static str, fn(&mut EphemeralRunnerSet), bool);
+        let cases: [Case; 7] = [
+            (
+                "nothing but the resource version",
+                |s| s.metadata.resource_version = Some("2".into()),
+                false,
+            ),
+            (
+                "the counters",
+                |s| s.status.as_mut().unwrap().running_ephemeral_runners = 3,
+                false,
+            ),
+            (
+                "the observed generation",
+                |s| s.status.as_mut().unwrap().observed_generation = Some(4),
+                false,
+            ),
+            ("the replicas", |s| s.spec.replicas = 2, true),
+            (
+                "the phase",
+                |s| s.status.as_mut().unwrap().phase = Some(EphemeralRunnerSetPhase::Outdated),
+                true,
+            ),
+            (
+                "the applied revision",
+                |s| s.status.as_mut().unwrap().applied_actionable_revision = 1,
+                true,
+            ),
+            (
+                "a label",
+                |s| {
+                    s.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
+                },
+                true,
+            ),
+        ];
+        for (name, change, admitted) in cases {
+            let mut filter = ProjectionFilter::default();
+            assert!(
+                filter.admit(&watcher::Event::Apply(set())),
+                "first sight passes"
+            );
+            let mut changed = set();
+            change(&mut changed);
+            assert_eq!(
+                filter.admit(&watcher::Event::Apply(changed)),
+                admitted,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn deletions_always_pass() {
+        let mut filter = ProjectionFilter::default();
+        assert!(filter.admit(&watcher::Event::Apply(set())));
+        assert!(filter.admit(&watcher::Event::Delete(set())));
+        assert!(
+            filter.admit(&watcher::Event::Apply(set())),
+            "a re-created object is new"
+        );
+    }
+}

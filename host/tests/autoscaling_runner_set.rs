@@ -1,0 +1,720 @@
+//! The AutoscalingRunnerSet controller against the real API server and the
+//! fake Actions service over HTTP, with listeners held in memory (the
+//! controller's seam to the listener tasks), one test per behaviour.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arcwright::actions::{ClientOptions, RetryPolicy};
+use arcwright::api::{
+    AutoscalingRunnerSet, AutoscalingRunnerSetPhase, EphemeralRunner, EphemeralRunnerSet,
+    EphemeralRunnerSetPhase, labels,
+};
+use arcwright::controllers::autoscaling_runner_set::{
+    self as controller, Context, FINALIZER, FORCE_DELETE_ANNOTATION, InMemoryListeners,
+    ListenerEvent, SCALE_SET_ID_ANNOTATION, TEMPLATE_CONDITION,
+};
+use arcwright::credentials::ActionsClients;
+use arcwright::policy::reporter::RecordingReporter;
+use arcwright::policy::{EngineConfig, PolicyEngine, loader::PolicyLoader};
+use arcwright_harness::TestEnv;
+use fake_actions::{FakeActions, FakeConfig};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::await_condition;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(30);
+const NAME: &str = "linux";
+
+struct Harness {
+    env: TestEnv,
+    fake: FakeActions,
+    listeners: InMemoryListeners,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Harness {
+    async fn start(name: &str) -> Self {
+        let env = TestEnv::new(name).await;
+        common::install_crds(env.client()).await;
+        let fake = FakeActions::start(FakeConfig::default())
+            .await
+            .expect("the fake starts");
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "github-auth"},
+            "stringData": {"github_token": fake.pat()}
+        }))
+        .unwrap();
+        Api::<Secret>::namespaced(env.client(), env.namespace())
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+        let options = ClientOptions {
+            timeout: Duration::from_secs(5),
+            retry: RetryPolicy {
+                max_retries: 2,
+                base_delay: Duration::from_millis(10),
+                max_delay: Duration::from_millis(40),
+                max_retry_after: Duration::from_secs(1),
+            },
+            ..ClientOptions::default()
+        };
+        let listeners = InMemoryListeners::default();
+        let engine = PolicyEngine::new(EngineConfig::default()).unwrap();
+        let context = Arc::new(Context::new(
+            env.client(),
+            listeners.clone(),
+            ActionsClients::new(env.client(), options),
+            PolicyLoader::new(engine, Some(env.client())),
+            Arc::new(RecordingReporter::new()),
+        ));
+        let shutdown = CancellationToken::new();
+        let namespace = env.namespace().to_string();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            controller::run(
+                context,
+                Some(&namespace),
+                async move { stop.cancelled().await },
+            )
+            .await
+        });
+        Self {
+            env,
+            fake,
+            listeners,
+            shutdown,
+        }
+    }
+
+    fn sets(&self) -> Api<AutoscalingRunnerSet> {
+        Api::namespaced(self.env.client(), self.env.namespace())
+    }
+
+    fn runner_sets(&self) -> Api<EphemeralRunnerSet> {
+        Api::namespaced(self.env.client(), self.env.namespace())
+    }
+
+    fn runners(&self) -> Api<EphemeralRunner> {
+        Api::namespaced(self.env.client(), self.env.namespace())
+    }
+
+    fn spec(&self, template: Value) -> Value {
+        json!({
+            "githubConfigUrl": self.fake.org_url("octo-org"),
+            "githubConfigSecret": "github-auth",
+            "maxRunners": 5,
+            "template": template,
+        })
+    }
+
+    async fn create(&self, template: Value) -> AutoscalingRunnerSet {
+        let set: AutoscalingRunnerSet = serde_json::from_value(json!({
+            "apiVersion": "arcwright.dev/v1alpha1",
+            "kind": "AutoscalingRunnerSet",
+            "metadata": {"name": NAME},
+            "spec": self.spec(template),
+        }))
+        .unwrap();
+        self.sets()
+            .create(&PostParams::default(), &set)
+            .await
+            .unwrap()
+    }
+
+    /// Waits until the set satisfies `done`.
+    async fn set_until(
+        &self,
+        what: &str,
+        done: impl Fn(&AutoscalingRunnerSet) -> bool,
+    ) -> AutoscalingRunnerSet {
+        tokio::time::timeout(
+            WAIT,
+            await_condition(self.sets(), NAME, |set: Option<&AutoscalingRunnerSet>| {
+                set.is_some_and(&done)
+            }),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting until {what}"))
+        .unwrap()
+        .unwrap()
+    }
+
+    async fn runner_set_until(
+        &self,
+        what: &str,
+        done: impl Fn(&EphemeralRunnerSet) -> bool,
+    ) -> EphemeralRunnerSet {
+        tokio::time::timeout(
+            WAIT,
+            await_condition(
+                self.runner_sets(),
+                NAME,
+                |set: Option<&EphemeralRunnerSet>| set.is_some_and(&done),
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting until {what}"))
+        .unwrap()
+        .unwrap()
+    }
+
+    /// Creates the set and waits until it runs: registered, its
+    /// EphemeralRunnerSet created, its listener started.
+    async fn running(&self, template: Value) -> AutoscalingRunnerSet {
+        self.create(template).await;
+        self.set_until("the set runs", |set| {
+            phase(set) == Some(AutoscalingRunnerSetPhase::Running)
+                && set.status.as_ref().and_then(|s| s.observed_generation)
+                    == set.metadata.generation
+        })
+        .await
+    }
+
+    async fn patch_spec(&self, spec: Value) -> i64 {
+        self.sets()
+            .patch(
+                NAME,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": spec})),
+            )
+            .await
+            .unwrap()
+            .metadata
+            .generation
+            .unwrap()
+    }
+
+    /// Records every phase the set's status goes through from now on.
+    fn record_phases(&self) -> tokio::sync::watch::Receiver<Vec<AutoscalingRunnerSetPhase>> {
+        let (tx, rx) = tokio::sync::watch::channel(Vec::new());
+        let stream = watcher::watcher(
+            self.sets(),
+            watcher::Config::default().fields(&format!("metadata.name={NAME}")),
+        )
+        .applied_objects();
+        let stop = self.shutdown.clone();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream.take_until(stop.cancelled_owned()));
+            while let Some(Ok(set)) = stream.next().await {
+                if let Some(phase) = phase(&set) {
+                    tx.send_modify(|phases| {
+                        if phases.last() != Some(&phase) {
+                            phases.push(phase);
+                        }
+                    });
+                }
+            }
+        });
+        rx
+    }
+}
+
+fn phase(set: &AutoscalingRunnerSet) -> Option<AutoscalingRunnerSetPhase> {
+    set.status.as_ref().and_then(|s| s.phase)
+}
+
+fn template(env: Value) -> Value {
+    json!({
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "runner", "image": "ghcr.io/actions/actions-runner:2.330.0",
+                            "env": env}]
+        }
+    })
+}
+
+fn privileged_template() -> Value {
+    json!({
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "runner", "image": "ghcr.io/actions/actions-runner:2.330.0",
+                            "securityContext": {"privileged": true}}]
+        }
+    })
+}
+
+async fn wait_phases(
+    phases: &mut tokio::sync::watch::Receiver<Vec<AutoscalingRunnerSetPhase>>,
+    done: impl Fn(&[AutoscalingRunnerSetPhase]) -> bool,
+) -> Vec<AutoscalingRunnerSetPhase> {
+    tokio::time::timeout(WAIT, phases.wait_for(|seen| done(seen)))
+        .await
+        .expect("the phases were seen")
+        .unwrap()
+        .clone()
+}
+
+async fn wait_listeners(
+    listeners: &InMemoryListeners,
+    done: impl Fn(&[ListenerEvent]) -> bool,
+) -> Vec<ListenerEvent> {
+    tokio::time::timeout(WAIT, listeners.wait_for(done))
+        .await
+        .expect("the listener history was reached")
+}
+
+#[tokio::test]
+async fn scale_set_goes_from_nothing_to_registered_in_the_service() {
+    let h = Harness::start("ars-registered").await;
+    let set = h
+        .running(template(json!([{"name": "A", "value": "1"}])))
+        .await;
+
+    let id = set
+        .status
+        .as_ref()
+        .unwrap()
+        .runner_scale_set_id
+        .expect("the id in status");
+    assert_eq!(
+        set.annotations().get(SCALE_SET_ID_ANNOTATION),
+        Some(&id.to_string())
+    );
+    assert!(set.finalizers().contains(&FINALIZER.to_string()));
+    let registered = h.fake.control().scale_sets();
+    assert_eq!(registered.len(), 1, "one scale set: {registered:?}");
+    assert_eq!(registered[0].id as i64, id);
+    assert_eq!(registered[0].name, NAME);
+    assert_eq!(registered[0].labels, vec![NAME.to_string()]);
+
+    let runner_set = h.runner_sets().get(NAME).await.unwrap();
+    assert_eq!(runner_set.spec.actionable_revision, 1);
+    assert_eq!(
+        runner_set.spec.ephemeral_runner_spec.runner_scale_set_id,
+        id
+    );
+    assert_eq!(
+        runner_set.owner_references()[0].uid,
+        set.uid().unwrap(),
+        "owned by the scale set"
+    );
+    match &h.listeners.history()[..] {
+        [ListenerEvent::Started(config)] => assert_eq!(config.scale_set_id, id),
+        other => panic!("one listener start: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn rejected_pod_template_creates_nothing_and_recovers_when_fixed() {
+    let h = Harness::start("ars-rejected").await;
+    h.create(privileged_template()).await;
+
+    let set = h
+        .set_until("the template is refused", |set| {
+            set.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == TEMPLATE_CONDITION && c.status == "False")
+            })
+        })
+        .await;
+    let condition = set
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == TEMPLATE_CONDITION)
+        .unwrap()
+        .clone();
+    assert!(
+        condition.message.contains("spec.containers[0]")
+            && condition.message.contains("privileged"),
+        "the condition names the path and the problem: {}",
+        condition.message
+    );
+    assert_eq!(phase(&set), Some(AutoscalingRunnerSetPhase::Pending));
+    assert_eq!(set.status.as_ref().unwrap().observed_generation, None);
+    assert!(
+        h.runner_sets().get_opt(NAME).await.unwrap().is_none(),
+        "no EphemeralRunnerSet"
+    );
+    assert!(
+        h.fake.control().scale_sets().is_empty(),
+        "no scale set registered"
+    );
+    assert!(h.listeners.history().is_empty(), "no listener");
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(h.env.client(), h.env.namespace());
+    let event = tokio::time::timeout(WAIT, async {
+        loop {
+            let list = events.list(&Default::default()).await.unwrap();
+            if let Some(event) = list
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("PodTemplateRejected"))
+            {
+                return event;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("a rejection event");
+    assert!(event.note.unwrap_or_default().contains("privileged"));
+
+    h.sets()
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": template(json!(null))}})),
+        )
+        .await
+        .unwrap();
+    let set = h
+        .set_until("the fixed template runs", |set| {
+            phase(set) == Some(AutoscalingRunnerSetPhase::Running)
+        })
+        .await;
+    assert_eq!(
+        set.status.as_ref().unwrap().observed_generation,
+        set.metadata.generation
+    );
+    assert_eq!(h.fake.control().scale_sets().len(), 1);
+    assert!(h.runner_sets().get_opt(NAME).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn spec_change_shows_pending_then_observed_generation_catches_up() {
+    let h = Harness::start("ars-generation").await;
+    let set = h
+        .running(template(json!([{"name": "A", "value": "1"}])))
+        .await;
+    let before = set.metadata.generation.unwrap();
+    let mut phases = h.record_phases();
+    wait_phases(&mut phases, |seen| {
+        seen == [AutoscalingRunnerSetPhase::Running]
+    })
+    .await;
+
+    let generation = h
+        .patch_spec(json!({"template": template(json!([{"name": "A", "value": "2"}]))}))
+        .await;
+    assert!(generation > before);
+    let seen = wait_phases(&mut phases, |seen| {
+        seen.ends_with(&[
+            AutoscalingRunnerSetPhase::Pending,
+            AutoscalingRunnerSetPhase::Running,
+        ])
+    })
+    .await;
+    assert_eq!(seen.len(), 3, "Running, Pending, Running: {seen:?}");
+    let set = h
+        .set_until("the change is applied", |set| {
+            set.status.as_ref().and_then(|s| s.observed_generation) == Some(generation)
+        })
+        .await;
+    assert_eq!(phase(&set), Some(AutoscalingRunnerSetPhase::Running));
+    let runner_set = h.runner_sets().get(NAME).await.unwrap();
+    assert_eq!(
+        runner_set.spec.actionable_revision, 2,
+        "the runner spec changed"
+    );
+}
+
+#[tokio::test]
+async fn explicitly_empty_env_round_trips_without_drift() {
+    let h = Harness::start("ars-empty-env").await;
+    h.running(template(json!([]))).await;
+    // A spec change elsewhere makes the controller compare the runner spec
+    // it reads back with the one it would write.
+    let generation = h.patch_spec(json!({"maxRunners": 7})).await;
+    h.set_until("the change is applied", |set| {
+        set.status.as_ref().and_then(|s| s.observed_generation) == Some(generation)
+    })
+    .await;
+    let runner_set = h.runner_sets().get(NAME).await.unwrap();
+    assert_eq!(
+        runner_set.spec.actionable_revision, 1,
+        "no drift, no new revision"
+    );
+}
+
+#[tokio::test]
+async fn outdated_parks_the_set_and_a_spec_change_that_leaves_the_runner_spec_alone_recovers() {
+    let h = Harness::start("ars-outdated").await;
+    h.running(template(json!(null))).await;
+    // The listener scaled the set; then its runners reject the spec.
+    h.runner_sets()
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 3, "patchID": 5}})),
+        )
+        .await
+        .unwrap();
+    merge_status(
+        &h.runner_sets(),
+        NAME,
+        json!({"status": {"phase": "Outdated", "appliedActionableRevision": 1}}),
+    )
+    .await;
+
+    h.set_until("the set is Outdated", |set| {
+        phase(set) == Some(AutoscalingRunnerSetPhase::Outdated)
+    })
+    .await;
+    let parked = h
+        .runner_set_until("the set is pinned at zero", |set| {
+            set.spec.replicas == 0 && set.spec.patch_id == 0
+        })
+        .await;
+    assert_eq!(parked.spec.actionable_revision, 1, "kept, not deleted");
+    wait_listeners(&h.listeners, |events| {
+        matches!(events.last(), Some(ListenerEvent::Stopped(..)))
+    })
+    .await;
+
+    let runner_spec = parked.spec.ephemeral_runner_spec.clone();
+    let generation = h.patch_spec(json!({"minRunners": 1})).await;
+    let set = h
+        .set_until("the set recovers", |set| {
+            set.status.as_ref().and_then(|s| s.observed_generation) == Some(generation)
+        })
+        .await;
+    assert_eq!(phase(&set), Some(AutoscalingRunnerSetPhase::Running));
+    let recovered = h.runner_sets().get(NAME).await.unwrap();
+    assert_eq!(
+        recovered.spec.actionable_revision, 2,
+        "an advanced revision"
+    );
+    assert_eq!(
+        recovered.spec.ephemeral_runner_spec, runner_spec,
+        "the same runner spec"
+    );
+    let history = wait_listeners(&h.listeners, |events| {
+        matches!(events.last(), Some(ListenerEvent::Started(..)))
+    })
+    .await;
+    assert_eq!(history.len(), 3, "started, stopped, started: {history:?}");
+    assert_eq!(
+        recovered.status.and_then(|s| s.phase),
+        Some(EphemeralRunnerSetPhase::Outdated),
+        "the set's own verdict is about the old revision until it applies the new one"
+    );
+}
+
+#[tokio::test]
+async fn label_only_change_shows_pending_and_restarts_the_listener() {
+    let h = Harness::start("ars-labels").await;
+    let set = h.running(template(json!(null))).await;
+    let generation = set.metadata.generation;
+    let mut phases = h.record_phases();
+    wait_phases(&mut phases, |seen| {
+        seen == [AutoscalingRunnerSetPhase::Running]
+    })
+    .await;
+
+    h.sets()
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "ci"}}})),
+        )
+        .await
+        .unwrap();
+    let seen = wait_phases(&mut phases, |seen| {
+        seen.ends_with(&[
+            AutoscalingRunnerSetPhase::Pending,
+            AutoscalingRunnerSetPhase::Running,
+        ])
+    })
+    .await;
+    assert_eq!(seen.len(), 3, "Running, Pending, Running: {seen:?}");
+    let history = wait_listeners(&h.listeners, |events| events.len() == 3).await;
+    match &history[..] {
+        [
+            ListenerEvent::Started(first),
+            ListenerEvent::Stopped(..),
+            ListenerEvent::Started(second),
+        ] => {
+            assert!(!first.labels.contains_key("team"));
+            assert_eq!(second.labels.get("team").map(String::as_str), Some("ci"));
+        }
+        other => panic!("a restart: {other:?}"),
+    }
+    let set = h.sets().get(NAME).await.unwrap();
+    assert_eq!(
+        set.metadata.generation, generation,
+        "labels do not move the generation"
+    );
+}
+
+/// Waits until `name` is gone.
+async fn until_gone<K>(api: Api<K>, name: &str, what: &str)
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    tokio::time::timeout(
+        WAIT,
+        await_condition(api, name, |o: Option<&K>| o.is_none()),
+    )
+    .await
+    .expect(what)
+    .unwrap();
+}
+
+/// Merges `patch` into the status of `name`, as another controller would.
+async fn merge_status<K>(api: &Api<K>, name: &str, patch: Value)
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+}
+
+/// An EphemeralRunner of the set, as its controller would have created it.
+async fn runner(h: &Harness, runner_set: &EphemeralRunnerSet, name: &str, busy: bool) {
+    let runner: EphemeralRunner = serde_json::from_value(json!({
+        "apiVersion": "arcwright.dev/v1alpha1",
+        "kind": "EphemeralRunner",
+        "metadata": {
+            "name": name,
+            "labels": {labels::SCALE_SET_NAME: NAME},
+            "ownerReferences": [{
+                "apiVersion": "arcwright.dev/v1alpha1", "kind": "EphemeralRunnerSet",
+                "name": runner_set.name_any(), "uid": runner_set.uid().unwrap(), "controller": true
+            }]
+        },
+        "spec": runner_set.spec.ephemeral_runner_spec,
+    }))
+    .unwrap();
+    h.runners()
+        .create(&PostParams::default(), &runner)
+        .await
+        .unwrap();
+    if busy {
+        merge_status(
+            &h.runners(),
+            name,
+            json!({"status": {"jobId": "job-1", "jobRequestId": 11}}),
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn deletion_stops_the_listener_waits_for_the_busy_runner_then_deletes_the_scale_set() {
+    let h = Harness::start("ars-deletion").await;
+    h.running(template(json!(null))).await;
+    let runner_set = h.runner_sets().get(NAME).await.unwrap();
+    runner(&h, &runner_set, "idle", false).await;
+    runner(&h, &runner_set, "busy", true).await;
+
+    h.sets()
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_listeners(&h.listeners, |events| {
+        matches!(events.last(), Some(ListenerEvent::Stopped(..)))
+    })
+    .await;
+    until_gone(h.runners(), "idle", "the idle runner goes").await;
+    h.runner_set_until("the set is pinned at zero", |set| {
+        set.spec.replicas == 0 && set.spec.patch_id == 0
+    })
+    .await;
+    let busy = h
+        .runners()
+        .get("busy")
+        .await
+        .expect("the busy runner stays");
+    assert!(
+        busy.metadata.deletion_timestamp.is_none(),
+        "its job is not cancelled"
+    );
+    assert_eq!(
+        h.fake.control().scale_sets().len(),
+        1,
+        "the scale set outlives the runners"
+    );
+    assert!(h.sets().get_opt(NAME).await.unwrap().is_some());
+
+    // The job ends.
+    merge_status(
+        &h.runners(),
+        "busy",
+        json!({"status": {"jobId": null, "jobRequestId": 0}}),
+    )
+    .await;
+    until_gone(h.sets(), NAME, "the scale set object goes").await;
+    assert!(h.runners().get_opt("busy").await.unwrap().is_none());
+    assert!(h.runner_sets().get_opt(NAME).await.unwrap().is_none());
+    assert!(
+        h.fake.control().scale_sets().is_empty(),
+        "deleted in the service"
+    );
+}
+
+#[tokio::test]
+async fn deletion_with_the_secret_gone_says_why_and_an_annotation_forces_it() {
+    let h = Harness::start("ars-secret-gone").await;
+    h.running(template(json!(null))).await;
+    Api::<Secret>::namespaced(h.env.client(), h.env.namespace())
+        .delete("github-auth", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.sets()
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+
+    let set = h
+        .set_until("the deletion is blocked", |set| {
+            set.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == controller::DELETION_CONDITION)
+            })
+        })
+        .await;
+    let condition = set
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == controller::DELETION_CONDITION)
+        .unwrap()
+        .clone();
+    assert_eq!(condition.reason, "SecretMissing");
+    assert!(
+        condition.message.contains(FORCE_DELETE_ANNOTATION),
+        "{}",
+        condition.message
+    );
+    assert!(
+        h.runner_sets().get_opt(NAME).await.unwrap().is_none(),
+        "runners went first"
+    );
+
+    h.sets()
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {FORCE_DELETE_ANNOTATION: "true"}}})),
+        )
+        .await
+        .unwrap();
+    until_gone(h.sets(), NAME, "the forced deletion finishes").await;
+    assert_eq!(
+        h.fake.control().scale_sets().len(),
+        1,
+        "without credentials the scale set stays registered"
+    );
+}
