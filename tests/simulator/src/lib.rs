@@ -33,7 +33,7 @@ mod scenario;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
@@ -170,6 +170,25 @@ pub enum Stage {
     Broken(String),
 }
 
+/// A step the simulator took for a runner pod, kept so that a test can wait
+/// for the step that proves something did *not* happen (a runner that did
+/// not connect, a deletion that was not confirmed) instead of sleeping and
+/// hoping the simulator got there, and can read when the pod was bound and
+/// started rather than sample its phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Bound to its node (or found bound already).
+    Bound,
+    /// Its Running status was written, after the scenario's start delay.
+    Started,
+    /// Its runner reached the point where a real runner presents its JIT
+    /// config, and per its scenario did not: the fake never hears of it.
+    DeclinedToConnect,
+    /// Its deletion was seen while its node is lost, and deliberately left
+    /// unconfirmed, as an unreachable kubelet leaves it.
+    DeletionUnanswered,
+}
+
 /// One runner pod the simulator has played.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunnerRecord {
@@ -187,6 +206,17 @@ pub struct RunnerRecord {
     pub stage: Stage,
     /// The jobs it took.
     pub jobs: Vec<u64>,
+    /// The steps taken for it, in order, with when each was taken.
+    pub trace: Vec<(Instant, Step)>,
+}
+
+impl RunnerRecord {
+    /// When `step` was first taken, if it was.
+    pub fn when(&self, step: Step) -> Option<Instant> {
+        self.trace
+            .iter()
+            .find_map(|&(at, s)| (s == step).then_some(at))
+    }
 }
 
 struct Inner {
@@ -478,6 +508,7 @@ impl PodTask {
                 scenario,
                 stage: Stage::Pending,
                 jobs: Vec::new(),
+                trace: Vec::new(),
             });
         inner.changes.send_modify(|v| *v = v.wrapping_add(1));
         PodTask {
@@ -496,6 +527,11 @@ impl PodTask {
 
     fn stage(&self, stage: Stage) {
         self.inner.update(&self.uid, |r| r.stage = stage);
+    }
+
+    fn record(&self, step: Step) {
+        let at = Instant::now();
+        self.inner.update(&self.uid, |r| r.trace.push((at, step)));
     }
 
     async fn run(self) {
@@ -523,6 +559,7 @@ impl PodTask {
         {
             self.bind(&node).await?;
         }
+        self.record(Step::Bound);
         if kubelet::is_terminal(&self.pod) {
             return self.await_deletion().await;
         }
@@ -543,6 +580,7 @@ impl PodTask {
             &self.pod, "10.0.0.2", &pod_ip, &started,
         ))
         .await?;
+        self.record(Step::Started);
         self.stage(Stage::Running);
 
         match self.play(jit).await? {
@@ -568,9 +606,7 @@ impl PodTask {
                 if let Some(jit) = jit {
                     self.tell_vanished(&jit).await;
                 }
-                self.lose_node(&node).await;
-                self.stage(Stage::NodeLost);
-                self.gone.cancelled().await;
+                self.stay_lost(&node).await;
                 Ok(())
             }
         }
@@ -582,10 +618,22 @@ impl PodTask {
         if self.scenario.fate != Fate::NodeLost {
             return self.confirm_deletion().await;
         }
+        self.stay_lost(node).await;
+        Ok(())
+    }
+
+    /// Loses the node, then never confirms the pod's deletion: it stays
+    /// terminating until someone force-deletes it.
+    async fn stay_lost(&self, node: &str) {
         self.lose_node(node).await;
         self.stage(Stage::NodeLost);
+        tokio::select! {
+            // A pod removed outright was never left unanswered.
+            biased;
+            () = self.gone.cancelled() => return,
+            () = self.terminating.cancelled() => self.record(Step::DeletionUnanswered),
+        }
         self.gone.cancelled().await;
-        Ok(())
     }
 
     /// The runner process, per the scenario.
@@ -596,6 +644,7 @@ impl PodTask {
         };
         match self.scenario.fate {
             Fate::NeverRegisters => {
+                self.record(Step::DeclinedToConnect);
                 self.terminating.cancelled().await;
                 return Ok(terminating());
             }

@@ -8,7 +8,9 @@ use fake_actions::{FakeActions, FakeConfig, JobOutcome, JobSpec};
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::wait::{Condition, await_condition, conditions};
-use runner_simulator::{JIT_CONFIG_ENV, Rule, Scenario, Simulator, SimulatorConfig, Stage};
+use runner_simulator::{
+    JIT_CONFIG_ENV, Rule, RunnerRecord, Scenario, Simulator, SimulatorConfig, Stage, Step,
+};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -236,6 +238,17 @@ impl World {
             .await
             .unwrap_or_else(|records| panic!("{pod} never reached the stage: {records:?}"));
     }
+
+    /// Waits until the simulator has taken `step` for the pod; its record.
+    async fn wait_step(&self, pod: &str, step: Step) -> RunnerRecord {
+        let took = |r: &RunnerRecord| r.pod == pod && r.when(step).is_some();
+        let records = self
+            .sim
+            .wait_until(WAIT, |records| records.iter().any(took))
+            .await
+            .unwrap_or_else(|records| panic!("{pod} never took {step:?}: {records:?}"));
+        records.into_iter().find(took).unwrap()
+    }
 }
 
 fn phase(pod: &Pod) -> Option<&str> {
@@ -416,8 +429,9 @@ async fn a_runner_that_never_registers_stays_running_until_deleted() {
     w.fake.control().enqueue_jobs(JobSpec::new(1, &[]));
     let created = w.runner_pod("runner-n").await;
     w.wait_pod("runner-n", "ran", has_phase("Running")).await;
-    w.wait_stage("runner-n", |s| *s == Stage::Running).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The runner got to where it would connect and did not: from here on
+    // nothing would tell the fake it is online.
+    w.wait_step("runner-n", Step::DeclinedToConnect).await;
     let control = w.fake.control();
     assert!(control.runners().iter().all(|r| !r.online));
     assert_eq!(control.ledger().jobs_unfinished, 1);
@@ -495,7 +509,9 @@ async fn a_lost_node_leaves_its_pod_terminating_until_forced() {
         .delete("runner-l", &DeleteParams::default())
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The simulator, the only kubelet, saw the deletion and left it be.
+    let record = w.wait_step("runner-l", Step::DeletionUnanswered).await;
+    assert_eq!(record.stage, Stage::NodeLost);
     let stuck = w.pods().get("runner-l").await.unwrap();
     assert!(
         stuck.metadata.deletion_timestamp.is_some(),
@@ -531,10 +547,14 @@ async fn a_slow_start_keeps_the_pod_pending_for_its_delay() {
         })
         .await;
     assert_ne!(phase(&bound), Some("Running"));
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let still = w.pods().get("runner-slow").await.unwrap();
-    assert_ne!(phase(&still), Some("Running"));
     w.wait_pod("runner-slow", "ran", has_phase("Running")).await;
+    let slow = w.wait_step("runner-slow", Step::Started).await;
+    let (bound_at, started_at) = (slow.when(Step::Bound), slow.when(Step::Started));
+    let waited = started_at.unwrap() - bound_at.unwrap();
+    assert!(
+        waited >= Duration::from_secs(2),
+        "Running was written {waited:?} after binding"
+    );
     // The counted rule is used up: the next pod starts at once.
     w.runner_pod("runner-quick").await;
     w.wait_pod("runner-quick", "ran", has_phase("Running"))
