@@ -16,7 +16,8 @@
 //!    through [`PolicyLoader`], so a policy swapped in its ConfigMap decides
 //!    the next time without a restart, and a failing one falls back to the
 //!    bundled default);
-//! 5. applies the answer with the next patch id ([`ScaleTarget`]), and tells
+//! 5. applies the answer with its patch id, 0 once steady at minRunners
+//!    ([`ScaleTarget`], [`PatchSequence`]), and tells
 //!    the status what changed ([`StatusSink`]).
 //!
 //! Every failure of the service (session conflict, scale set gone, session

@@ -15,22 +15,20 @@ use super::ListenerError;
 /// One decision as the target receives it: how many runners, and which
 /// decision this is.
 ///
-/// `patch_id` orders decisions. It only ever grows for a scale set, also
-/// across listener restarts (a listener resumes from the id the target
-/// holds), so the EphemeralRunnerSet controller can compare it with the
-/// patch id each runner was created under and refuse to let a decision
-/// remove runners created after it: a stale "scale down to 2" read after
-/// a burst must not remove the runners the burst needed.
-///
-/// ARC also overloads `patchID = 0` to mean "steady at minRunners, idle
-/// runners may go". That mixes two meanings into one number and makes the
-/// ordering wrap back to zero; here the id only orders, and the
-/// EphemeralRunnerSet decides scale-down from the id and its runners.
+/// `patch_id` follows ARC's scaler, so the EphemeralRunnerSet can apply
+/// ARC's rule unchanged: a non-zero id names one decision (the set creates
+/// up to `replicas` unless a runner already carries the id, and never
+/// scales down), and 0 says the scale set is steady at minRunners, so idle
+/// runners above `replicas` may go. Non-zero ids grow for a scale set, also
+/// across listener restarts (a listener resumes after the id the target
+/// holds); [`PatchSequence`](super::PatchSequence) says when a
+/// decision is 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScalePatch {
     /// The desired number of runners.
     pub replicas: u32,
-    /// The decision's place in the scale set's sequence, from 1.
+    /// The decision's place in the scale set's sequence, from 1, or 0 when
+    /// steady at minRunners.
     pub patch_id: i64,
 }
 

@@ -190,7 +190,7 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
             }
         }
 
-        if plan.job_events
+        if (plan.job_events || plan.assigned > 0)
             && let Some(sequence) = memory.sequence.as_mut()
         {
             sequence.note_job_events();
@@ -242,7 +242,9 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
             policy: decided.policy.clone(),
             fallback_reason: decided.fallback_reason.clone(),
         });
-        if let Some(patch) = sequence.next(decided.decision.desired) {
+        if let Some(patch) =
+            sequence.next(decided.decision.desired, self.spec.scale_set.min_runners)
+        {
             match self.target.apply(patch).await {
                 Ok(()) => sequence.applied(&patch),
                 Err(error) => return self.target_failed(&error),
