@@ -177,8 +177,9 @@ pub struct RunnerReference {
     /// what tells a runner that never came up from one that did.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub status: String,
-    /// Whether the runner is executing a job.
-    #[serde(default)]
+    /// Whether the runner is executing a job. Left out when false, as the
+    /// service's own answers for idle runners may.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub busy: bool,
 }
 
