@@ -110,7 +110,7 @@ fn a_memory_bomb_hits_the_cap() {
     // cap, which is what it is about.
     let policy = Policy::new(
         hostile(&engine),
-        "hostile:memory-bomb".into(),
+        "hostile:memory-bomb",
         Some(&serde_json::json!({ "misbehave": "memory-bomb" })),
         CallLimits {
             deadline: Duration::from_secs(1),
