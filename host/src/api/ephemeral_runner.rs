@@ -164,6 +164,15 @@ pub struct EphemeralRunnerStatus {
     /// When the job started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_started_at: Option<Time>,
+    /// How the job ended (`succeeded`, `failed`, `canceled`...), set by the
+    /// listener on JobCompleted. The runner's exit code says whether the
+    /// runner process worked; this says whether the job did, which is what
+    /// someone debugging CI cares about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_result: Option<String>,
+    /// When the job ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_finished_at: Option<Time>,
     /// The standard conditions: `Registered`, `PolicyFallback`...
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
