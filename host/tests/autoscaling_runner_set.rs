@@ -12,10 +12,12 @@ use arcwright::api::{
     AutoscalingRunnerSet, AutoscalingRunnerSetPhase, EphemeralRunner, EphemeralRunnerSet,
     EphemeralRunnerSetPhase, labels,
 };
+use arcwright::controllers::Synced;
 use arcwright::controllers::autoscaling_runner_set::{
-    self as controller, Context, FINALIZER, FORCE_DELETE_ANNOTATION, InMemoryListeners,
+    self as controller, CONTROLLER, Context, FINALIZER, FORCE_DELETE_ANNOTATION, InMemoryListeners,
     ListenerEvent, SCALE_SET_ID_ANNOTATION, TEMPLATE_CONDITION,
 };
+use arcwright::controllers::metrics::ControllerMetrics;
 use arcwright::credentials::ActionsClients;
 use arcwright::policy::reporter::RecordingReporter;
 use arcwright::policy::{EngineConfig, PolicyEngine, loader::PolicyLoader};
@@ -37,6 +39,7 @@ struct Harness {
     env: TestEnv,
     fake: FakeActions,
     listeners: InMemoryListeners,
+    metrics: ControllerMetrics,
     shutdown: CancellationToken,
 }
 
@@ -53,15 +56,7 @@ impl Harness {
         let fake = FakeActions::start(FakeConfig::default())
             .await
             .expect("the fake starts");
-        let secret: Secret = serde_json::from_value(json!({
-            "metadata": {"name": "github-auth"},
-            "stringData": {"github_token": fake.pat()}
-        }))
-        .unwrap();
-        Api::<Secret>::namespaced(env.client(), env.namespace())
-            .create(&PostParams::default(), &secret)
-            .await
-            .unwrap();
+        common::github_secret(env.client(), env.namespace(), fake.pat()).await;
         let options = ClientOptions {
             timeout: Duration::from_secs(5),
             retry: RetryPolicy {
@@ -73,14 +68,18 @@ impl Harness {
             ..ClientOptions::default()
         };
         let listeners = InMemoryListeners::default();
+        let metrics = ControllerMetrics::default();
         let engine = PolicyEngine::new(EngineConfig::default()).unwrap();
-        let context = Arc::new(Context::new(
-            env.client(),
-            listeners.clone(),
-            ActionsClients::new(env.client(), options),
-            PolicyLoader::new(engine, Some(env.client())),
-            Arc::new(RecordingReporter::new()),
-        ));
+        let context = Arc::new(
+            Context::new(
+                env.client(),
+                listeners.clone(),
+                ActionsClients::new(env.client(), options),
+                PolicyLoader::new(engine, Some(env.client())),
+                Arc::new(RecordingReporter::new()),
+            )
+            .with_metrics(metrics.clone()),
+        );
         let shutdown = CancellationToken::new();
         let namespace = env.namespace().to_string();
         let stop = shutdown.clone();
@@ -89,6 +88,7 @@ impl Harness {
                 context,
                 Some(&namespace),
                 async move { stop.cancelled().await },
+                Synced::default(),
             )
             .await
         });
@@ -96,6 +96,7 @@ impl Harness {
             env,
             fake,
             listeners,
+            metrics,
             shutdown,
         }
     }
@@ -716,5 +717,73 @@ async fn deletion_with_the_secret_gone_says_why_and_an_annotation_forces_it() {
         h.fake.control().scale_sets().len(),
         1,
         "without credentials the scale set stays registered"
+    );
+}
+
+#[tokio::test]
+async fn runner_set_updates_outside_the_projection_do_not_wake_the_scale_set() {
+    let h = Harness::start("ars-predicate").await;
+    h.running(template(json!([]))).await;
+    let delivered = || h.metrics.owned_updates_of(CONTROLLER, true);
+    let dropped = || h.metrics.owned_updates_of(CONTROLLER, false);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while delivered() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the set was never seen"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dropped_before = dropped();
+    let delivered_before = delivered();
+
+    // What the set's own controller and the listener write all the time:
+    // counters, conditions, replicas and patch ids. Nothing the scale set
+    // reads while it is not Outdated.
+    for running in 1..=3 {
+        merge_status(
+            &h.runner_sets(),
+            NAME,
+            json!({"status": {"runningEphemeralRunners": running, "currentReplicas": running}}),
+        )
+        .await;
+    }
+    for (replicas, patch_id) in [(2, 1), (3, 2)] {
+        h.runner_sets()
+            .patch(
+                NAME,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": replicas, "patchID": patch_id}})),
+            )
+            .await
+            .unwrap();
+    }
+    // Then a change it reads. One watch delivers in order, so once this
+    // one is judged the five before it have been.
+    h.runner_sets()
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "ci"}}})),
+        )
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while dropped() + delivered() < dropped_before + delivered_before + 6 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the label change never woke the scale set"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        dropped() - dropped_before,
+        5,
+        "the five writes were dropped"
+    );
+    assert_eq!(
+        delivered() - delivered_before,
+        1,
+        "one wake-up for six writes"
     );
 }

@@ -16,6 +16,7 @@ use arcwright::actions::{
     RunnerScaleSet, Secret as Token,
 };
 use arcwright::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec};
+use arcwright::controllers::Synced;
 use arcwright::controllers::ephemeral_runner::{self, Config, Dependencies, plan::Settings};
 use arcwright::controllers::metrics::ControllerMetrics;
 use arcwright::credentials::ActionsClients;
@@ -30,7 +31,6 @@ use k8s_openapi::api::core::v1::{Container, Event, Pod, PodSpec, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
 use runner_simulator::{Rule, Scenario, Simulator, SimulatorConfig, Stage};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -79,13 +79,7 @@ impl World {
         let env = TestEnv::new(name).await;
         common::install_crds(env.client()).await;
         let fake = FakeActions::start(FakeConfig::default()).await.unwrap();
-        let secrets: Api<Secret> = Api::namespaced(env.client(), env.namespace());
-        let auth: Secret = serde_json::from_value(json!({
-            "metadata": {"name": "github-auth"},
-            "stringData": {"github_token": fake.pat()},
-        }))
-        .unwrap();
-        secrets.create(&PostParams::default(), &auth).await.unwrap();
+        common::github_secret(env.client(), env.namespace(), fake.pat()).await;
         let actions = ActionsClient::new(
             ConfigUrl::parse(&fake.org_url("octo")).unwrap(),
             Credentials::Token(Token::new(fake.pat())),
@@ -144,6 +138,7 @@ impl World {
             deps,
             config,
             self.shutdown.clone(),
+            Synced::default(),
         )));
     }
 

@@ -14,6 +14,7 @@ use arcwright::api::{
     EphemeralRunner, EphemeralRunnerSet, EphemeralRunnerSetPhase, EphemeralRunnerSetSpec,
     EphemeralRunnerSetStatus, EphemeralRunnerSpec,
 };
+use arcwright::controllers::Synced;
 use arcwright::controllers::ephemeral_runner_set::{
     self as controller, Context, FINALIZER, SetMetrics, annotations, labels,
 };
@@ -23,6 +24,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 /// What a runner-controller finalizer looks like to the set: a deleted
 /// runner stays until the test lets it go.
@@ -54,7 +56,14 @@ impl Harness {
         let ctx = Arc::new(Context::new(self.env.client(), self.metrics.clone()));
         let namespace = self.env.namespace().to_string();
         self.controller = Some(tokio::spawn(async move {
-            controller::run(ctx, Some(&namespace), 4).await;
+            controller::run(
+                ctx,
+                Some(&namespace),
+                4,
+                CancellationToken::new(),
+                Synced::default(),
+            )
+            .await;
         }));
     }
 

@@ -2,6 +2,8 @@
 //! its components are, policy metrics on `/metrics`, a clean exit on
 //! SIGTERM.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
@@ -125,6 +127,7 @@ fn parse_exposition(text: &str) -> (BTreeMap<String, String>, Vec<Sample>) {
 async fn run_becomes_ready_serves_policy_metrics_and_exits_cleanly_on_sigterm() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let env = TestEnv::new("run-command").await;
+    common::install_crds(env.client()).await;
     let kubeconfig = env.control_plane().kubeconfig_path().to_str().unwrap();
     let (mut child, mut lines) = start(&[
         "--kubeconfig",
@@ -151,7 +154,8 @@ async fn run_becomes_ready_serves_policy_metrics_and_exits_cleanly_on_sigterm() 
         200
     );
 
-    // Ready once the API server answered and the bundled policies compiled.
+    // Ready once the API server answered, the bundled policies compiled and
+    // every controller listed its objects.
     log_line(&mut lines, "bundled policies compiled").await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
@@ -180,6 +184,8 @@ async fn run_becomes_ready_serves_policy_metrics_and_exits_cleanly_on_sigterm() 
         ("arcwright_policy_decisions", "counter"),
         ("arcwright_policy_decision_duration_seconds", "histogram"),
         ("arcwright_build", "info"),
+        ("arcwright_reconcile_duration_seconds", "histogram"),
+        ("arcwright_reconciles", "counter"),
     ] {
         assert_eq!(
             types.get(family).map(String::as_str),
@@ -212,6 +218,22 @@ async fn run_becomes_ready_serves_policy_metrics_and_exits_cleanly_on_sigterm() 
                     && sample.labels == labels
             }),
             "{kind} in {text}"
+        );
+    }
+    // Every controller's reconcile series exist from the start.
+    for controller in [
+        "ephemeral-runner",
+        "ephemeral-runner-set",
+        "autoscaling-runner-set",
+    ] {
+        let labels: BTreeMap<String, String> = [("controller".into(), controller.into())].into();
+        assert!(
+            samples.contains(&Sample {
+                name: "arcwright_reconciles_total".into(),
+                labels,
+                value: 0.0,
+            }),
+            "{controller} in {text}"
         );
     }
     assert!(

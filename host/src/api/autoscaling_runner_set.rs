@@ -1,7 +1,7 @@
 //! `AutoscalingRunnerSet`: what a user declares, one scale set.
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +30,9 @@ use super::shared::{GitHubServerTls, PolicyRefs, ProxySpec, ResourceMeta, pod_te
     printcolumn = r#"{"name":"Pending Runners","type":"integer","jsonPath":".status.pendingEphemeralRunners"}"#,
     printcolumn = r#"{"name":"Running Runners","type":"integer","jsonPath":".status.runningEphemeralRunners"}"#,
     printcolumn = r#"{"name":"Failed Runners","type":"integer","jsonPath":".status.failedEphemeralRunners"}"#,
+    printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".status.scaling.desiredRunners"}"#,
+    printcolumn = r#"{"name":"Listener","type":"string","jsonPath":".status.listener.state"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.scaling.reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("!has(self.minRunners) || !has(self.maxRunners) || self.minRunners <= self.maxRunners").message("minRunners must not be greater than maxRunners"))]
@@ -132,4 +135,50 @@ pub struct AutoscalingRunnerSetStatus {
     /// The scale set's id in the Actions service, once registered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runner_scale_set_id: Option<i64>,
+    /// How the scale set's listener is doing. Written by the listener alone
+    /// (the controller's status writes leave it out), so the two never
+    /// overwrite each other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listener: Option<ListenerStatus>,
+    /// The scaling policy's last decision, written by the listener when it
+    /// changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<ScalingStatus>,
+}
+
+/// What the scale set's listener last said about itself.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerStatus {
+    /// `Listening`, `Retrying` or `Stopped`.
+    pub state: String,
+    /// Why it is retrying (`SessionConflict`, `ScaleSetNotFound`,
+    /// `ServiceUnavailable`...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The error it is retrying after (never a secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When the state or reason last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+}
+
+/// The scaling policy's last decision.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingStatus {
+    /// The runners the policy asked for.
+    pub desired_runners: i32,
+    /// The policy's reason.
+    pub reason: String,
+    /// The policy that decided (`builtin:default`, `configmap:ns/name`).
+    pub policy: String,
+    /// Why the configured policy did not decide, when the bundled default
+    /// did instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
+    /// When the decision was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_decision_time: Option<Time>,
 }

@@ -16,7 +16,7 @@ use kube::CustomResourceExt;
 
 pub use autoscaling_runner_set::{
     AutoscalingRunnerSet, AutoscalingRunnerSetPhase, AutoscalingRunnerSetSpec,
-    AutoscalingRunnerSetStatus,
+    AutoscalingRunnerSetStatus, ListenerStatus, ScalingStatus,
 };
 pub use ephemeral_runner::{
     EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec, EphemeralRunnerStatus,

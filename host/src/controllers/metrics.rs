@@ -29,6 +29,15 @@ pub struct ErrorLabels {
     pub error: String,
 }
 
+/// Labels of `arcwright_owned_updates_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OwnedUpdateLabels {
+    /// The owner's controller.
+    pub controller: String,
+    /// `delivered` (woke the owner) or `dropped` (nothing it reads changed).
+    pub outcome: String,
+}
+
 /// Labels of `arcwright_ephemeral_runners` (ARC's `gha_*_ephemeral_runners`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RunnerLabels {
@@ -61,8 +70,15 @@ fn reconcile_buckets() -> Histogram {
 pub struct ControllerMetrics {
     /// `arcwright_reconcile_duration_seconds{controller}`.
     pub duration: Family<ControllerLabels, Histogram, HistogramBuilder>,
+    /// `arcwright_reconciles_total{controller}`: what the duration histogram
+    /// counts too, kept as a counter a test or a dashboard reads directly.
+    pub reconciles: Family<ControllerLabels, Counter>,
     /// `arcwright_reconcile_errors_total{controller,error}`.
     pub errors: Family<ErrorLabels, Counter>,
+    /// `arcwright_owned_updates_total{controller,outcome}`: what the owned
+    /// watches' projections let through, so the saving (and a projection
+    /// that drops too much) can be seen.
+    pub owned_updates: Family<OwnedUpdateLabels, Counter>,
     /// `arcwright_ephemeral_runners{namespace,scale_set,phase}`.
     pub runners: Family<RunnerLabels, Gauge>,
     /// `arcwright_deregistrations_total{verdict,outcome}`.
@@ -76,7 +92,9 @@ impl Default for ControllerMetrics {
     fn default() -> Self {
         Self {
             duration: Family::new_with_constructor(reconcile_buckets),
+            reconciles: Family::default(),
             errors: Family::default(),
+            owned_updates: Family::default(),
             runners: Family::default(),
             deregistrations: Family::default(),
             counted: Arc::default(),
@@ -94,9 +112,19 @@ impl ControllerMetrics {
             metrics.duration.clone(),
         );
         registry.register(
+            "arcwright_reconciles",
+            "Reconciles started, by controller",
+            metrics.reconciles.clone(),
+        );
+        registry.register(
             "arcwright_reconcile_errors",
             "Reconciles that failed, by controller and error",
             metrics.errors.clone(),
+        );
+        registry.register(
+            "arcwright_owned_updates",
+            "Updates of owned objects, by the owner's controller and whether they woke it",
+            metrics.owned_updates.clone(),
         );
         registry.register(
             "arcwright_ephemeral_runners",
@@ -113,14 +141,55 @@ impl ControllerMetrics {
 
     /// Times a reconcile of `controller` until the guard is dropped.
     pub fn time(&self, controller: &str) -> ReconcileTimer {
+        let labels = ControllerLabels {
+            controller: controller.to_string(),
+        };
+        self.reconciles.get_or_create(&labels).inc();
         ReconcileTimer {
-            histogram: self
-                .duration
-                .get_or_create(&ControllerLabels {
-                    controller: controller.to_string(),
-                })
-                .clone(),
+            histogram: self.duration.get_or_create(&labels).clone(),
             started: Instant::now(),
+        }
+    }
+
+    /// Creates `controller`'s reconcile series at zero, so the first scrape
+    /// shows them and `rate()` sees the first reconcile (a family with no
+    /// series is left out of the exposition).
+    pub fn prime(&self, controller: &str) {
+        let labels = ControllerLabels {
+            controller: controller.to_string(),
+        };
+        let _ = self.reconciles.get_or_create(&labels);
+        let _ = self.duration.get_or_create(&labels);
+    }
+
+    /// How many reconciles of `controller` started.
+    pub fn reconciles_of(&self, controller: &str) -> u64 {
+        self.reconciles
+            .get(&ControllerLabels {
+                controller: controller.to_string(),
+            })
+            .map_or(0, |counter| counter.get())
+    }
+
+    /// Counts an update of an owned object that woke its owner (`delivered`)
+    /// or was dropped.
+    pub fn owned_update(&self, controller: &str, delivered: bool) {
+        self.owned_updates
+            .get_or_create(&Self::owned_labels(controller, delivered))
+            .inc();
+    }
+
+    /// How many owned updates of `controller` were delivered or dropped.
+    pub fn owned_updates_of(&self, controller: &str, delivered: bool) -> u64 {
+        self.owned_updates
+            .get(&Self::owned_labels(controller, delivered))
+            .map_or(0, |counter| counter.get())
+    }
+
+    fn owned_labels(controller: &str, delivered: bool) -> OwnedUpdateLabels {
+        OwnedUpdateLabels {
+            controller: controller.to_string(),
+            outcome: if delivered { "delivered" } else { "dropped" }.to_string(),
         }
     }
 
@@ -217,5 +286,10 @@ mod tests {
             ),
             "{text}"
         );
+        assert!(
+            text.contains(r#"arcwright_reconciles_total{controller="ephemeral-runner"} 1"#),
+            "{text}"
+        );
+        assert_eq!(metrics.reconciles_of("ephemeral-runner"), 1);
     }
 }

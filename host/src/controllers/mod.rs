@@ -6,3 +6,87 @@ pub mod autoscaling_runner_set;
 pub mod ephemeral_runner;
 pub mod ephemeral_runner_set;
 pub mod metrics;
+
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use kube::runtime::watcher;
+
+use crate::api::{GitHubServerTls, ProxySpec};
+use crate::credentials::{GitHubTarget, ProxyTarget};
+
+/// Told once a controller's cache holds its first full listing, which is
+/// what `/readyz` waits for: before that, a controller would act on a
+/// partial picture of the cluster (a runner set with runners it cannot see
+/// yet would create them again). The default tells no one.
+///
+/// It watches the watcher's events for the end of the first listing rather
+/// than waiting on `Store::wait_until_ready`: in kube-runtime 5 that future
+/// wakes only the last of several waiters, and the controller's own applier
+/// is one of them, so a second waiter either hangs or stalls the applier.
+#[derive(Clone, Default)]
+pub struct Synced(Option<Arc<dyn Fn() + Send + Sync>>);
+
+impl Synced {
+    /// Calls `announce` once per watch it is given, at the end of the
+    /// watch's first listing.
+    pub fn new(announce: impl Fn() + Send + Sync + 'static) -> Self {
+        Self(Some(Arc::new(announce)))
+    }
+
+    /// Announces now.
+    pub fn announce(&self) {
+        if let Some(announce) = &self.0 {
+            announce();
+        }
+    }
+
+    /// Passes a watch's events through, announcing once, at the first
+    /// `InitDone` (later relists are not news).
+    pub fn on_listed<K, S>(&self, events: S) -> impl Stream<Item = S::Item> + Send + use<K, S>
+    where
+        K: Send + 'static,
+        S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
+    {
+        let mut pending = self.0.clone();
+        events.inspect(move |event| {
+            if let Ok(watcher::Event::InitDone) = event
+                && let Some(announce) = pending.take()
+            {
+                announce();
+            }
+        })
+    }
+}
+
+/// Where a GitHub configuration lives, for the shared credentials cache,
+/// from the fields an AutoscalingRunnerSet and its runners both carry.
+///
+/// The CRD gives each proxy server its own credential Secret; the client
+/// takes one, the `https` one first since GitHub is reached over HTTPS.
+pub fn github_target(
+    namespace: &str,
+    config_url: &str,
+    secret_name: &str,
+    proxy: Option<&ProxySpec>,
+    tls: Option<&GitHubServerTls>,
+) -> GitHubTarget {
+    GitHubTarget {
+        namespace: namespace.to_owned(),
+        config_url: config_url.to_owned(),
+        secret_name: secret_name.to_owned(),
+        proxy: proxy.map(|proxy| ProxyTarget {
+            http_url: proxy.http.as_ref().map(|server| server.url.clone()),
+            https_url: proxy.https.as_ref().map(|server| server.url.clone()),
+            no_proxy: proxy.no_proxy.clone(),
+            credential_secret: [&proxy.https, &proxy.http]
+                .into_iter()
+                .flatten()
+                .find_map(|server| server.credential_secret_ref.clone()),
+        }),
+        ca_config_map: tls
+            .and_then(|tls| tls.certificate_from.as_ref())
+            .and_then(|from| from.config_map_key_ref.as_ref())
+            .map(|selector| (selector.name.clone(), selector.key.clone())),
+    }
+}

@@ -32,18 +32,22 @@
 //! wait), [`StatusTracker`] (what is news). The task is the thin layer that
 //! does what they say.
 //!
-//! The listener knows Kubernetes only through its three seams. Production
-//! implementations patch the EphemeralRunnerSet and the EphemeralRunners'
-//! status; [`MemoryScaleTarget`], [`MemoryJobSink`] and [`MemoryStatusSink`]
-//! keep everything in memory.
+//! The listener knows Kubernetes only through its three seams. The
+//! production implementations ([`cluster`]) patch the EphemeralRunnerSet,
+//! the EphemeralRunners' status and the AutoscalingRunnerSet's status;
+//! [`MemoryScaleTarget`], [`MemoryJobSink`] and [`MemoryStatusSink`] keep
+//! everything in memory. [`Supervisor`] runs one listener per scale set for
+//! the AutoscalingRunnerSet controller.
 
 mod backoff;
 mod batch;
+pub mod cluster;
 mod error;
 mod jobs;
 mod memory;
 mod patch;
 mod status;
+mod supervisor;
 mod target;
 mod task;
 
@@ -60,6 +64,7 @@ pub use jobs::{JobCompleted, JobSink, JobStarted};
 pub use memory::{JobRecord, MemoryJobSink, MemoryScaleTarget, MemoryStatusSink, Recorder};
 pub use patch::PatchSequence;
 pub use status::{DecisionReport, Health, StatusSink, StatusTracker, StatusUpdate};
+pub use supervisor::Supervisor;
 pub use target::{Observed, ScalePatch, ScaleTarget};
 
 use crate::actions::ActionsClient;

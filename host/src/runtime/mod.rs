@@ -51,6 +51,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::actions::ClientOptions;
+use crate::controllers::ephemeral_runner_set::SetMetrics;
+use crate::controllers::metrics::ControllerMetrics;
+use crate::credentials::ActionsClients;
 use crate::policy::loader::PolicyLoader;
 use crate::policy::metrics::PolicyMetrics;
 use crate::policy::reporter::TracingReporter;
@@ -212,6 +215,16 @@ pub struct Shared {
     pub reconcile_concurrency: u16,
     /// How many workers the unregistration pool runs.
     pub unregistration_workers: u16,
+    /// One Actions client per GitHub credential, shared by the
+    /// controllers, the unregistration pool and the listeners.
+    pub clients: ActionsClients,
+    /// The reconcilers' metrics, one set of series for all three.
+    pub controllers: ControllerMetrics,
+    /// The EphemeralRunnerSets' metrics.
+    pub runner_sets: SetMetrics,
+    /// The name this host holds message sessions under, as the Actions
+    /// service shows it: the pod's name in a cluster.
+    pub owner: String,
 }
 
 impl Shared {
@@ -222,7 +235,15 @@ impl Shared {
         let metrics = MetricsRegistry::new();
         let policy_metrics = metrics.register(PolicyMetrics::register);
         let engine = PolicyEngine::new(EngineConfig::default()).map_err(RuntimeError::Policy)?;
+        let actions = ClientOptions::default();
         Ok(Self {
+            clients: ActionsClients::new(client.clone(), actions.clone()),
+            controllers: metrics.register(ControllerMetrics::register),
+            runner_sets: metrics.register(SetMetrics::register),
+            owner: std::env::var("HOSTNAME")
+                .ok()
+                .filter(|name| !name.is_empty())
+                .unwrap_or_else(|| "arcwright".to_owned()),
             policy: PolicyServices {
                 loader: PolicyLoader::new(engine, Some(client.clone())),
                 reporter: Arc::new(TracingReporter::new(policy_metrics.clone())),
@@ -231,7 +252,7 @@ impl Shared {
             client,
             scope: options.watch.scope(),
             metrics,
-            actions: ClientOptions::default(),
+            actions,
             reconcile_concurrency: options.controllers.reconcile_concurrency,
             unregistration_workers: options.controllers.unregistration_workers,
         })

@@ -1,22 +1,164 @@
 //! What `arcwright run` runs: the list of components, in start order.
 //!
-//! Adding a controller is one line here:
-//! `Component::new("ephemeral-runner", controllers::ephemeral_runner::run)`,
-//! where `run(ctx: Context)` is an async function returning
-//! `Result<(), its own error>`.
+//! Adding a controller is one line in [`components`] and a function here
+//! that builds it from the shared parts, runs it once per watched
+//! namespace (or once for all), opens its readiness gate when every
+//! instance has listed its objects, and returns when shutdown is asked for.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use super::{BoxError, Component, Context};
+use futures::future::join_all;
+
+use super::options::WatchScope;
+use super::{BoxError, Component, Context, ReadinessGate};
+use crate::controllers::{self, Synced};
+use crate::listener::Supervisor;
+use crate::listener::cluster::ClusterView;
 use crate::policy::PolicyKind;
 use crate::policy::metrics::DecisionLabels;
+use crate::unregistration::PoolConfig;
 
 /// Every component of the process.
 pub fn components() -> Vec<Component> {
     vec![
         Component::new("kubernetes", kubernetes),
         Component::new("policy", policy),
+        Component::new("ephemeral-runner", ephemeral_runners),
+        Component::new("ephemeral-runner-set", ephemeral_runner_sets),
+        Component::new("autoscaling-runner-set", autoscaling_runner_sets),
     ]
+}
+
+/// The namespaces a controller instance runs for: `None` is all of them.
+fn namespaces(scope: &WatchScope) -> Vec<Option<String>> {
+    match scope {
+        WatchScope::All => vec![None],
+        WatchScope::Namespaces(names) => names.iter().cloned().map(Some).collect(),
+    }
+}
+
+/// One [`Synced`] per instance; the gate opens when all have synced.
+fn synced_all(gate: &ReadinessGate, instances: usize) -> Synced {
+    let remaining = Arc::new(AtomicUsize::new(instances));
+    let gate = gate.clone();
+    Synced::new(move || {
+        if remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
+            gate.ready();
+        }
+    })
+}
+
+/// The EphemeralRunner controller and its unregistration pool (seed 000).
+async fn ephemeral_runners(ctx: Context) -> Result<(), BoxError> {
+    use controllers::ephemeral_runner::{self, Config, Dependencies};
+    let shared = &ctx.shared;
+    let scopes = namespaces(&shared.scope);
+    let synced = synced_all(&ctx.ready, scopes.len());
+    shared.controllers.prime(ephemeral_runner::CONTROLLER);
+    let deps = Dependencies {
+        client: shared.client.clone(),
+        clients: shared.clients.clone(),
+        loader: shared.policy.loader.clone(),
+        reporter: Arc::clone(&shared.policy.reporter),
+        metrics: shared.controllers.clone(),
+    };
+    let pool = PoolConfig {
+        workers: usize::from(shared.unregistration_workers),
+        ..PoolConfig::default()
+    };
+    join_all(scopes.into_iter().map(|namespace| {
+        let config = Config {
+            namespace,
+            pool: pool.clone(),
+            concurrency: shared.reconcile_concurrency,
+            ..Config::default()
+        };
+        ephemeral_runner::run(deps.clone(), config, ctx.shutdown.clone(), synced.clone())
+    }))
+    .await;
+    Ok(())
+}
+
+/// The EphemeralRunnerSet controller.
+async fn ephemeral_runner_sets(ctx: Context) -> Result<(), BoxError> {
+    use controllers::ephemeral_runner_set::{self, Context as SetContext};
+    let shared = &ctx.shared;
+    let scopes = namespaces(&shared.scope);
+    let synced = synced_all(&ctx.ready, scopes.len());
+    shared
+        .controllers
+        .prime(ephemeral_runner_set::CONTROLLER_NAME);
+    let mut context = SetContext::new(shared.client.clone(), shared.runner_sets.clone());
+    context.controller_metrics = shared.controllers.clone();
+    let context = Arc::new(context);
+    join_all(scopes.iter().map(|namespace| {
+        ephemeral_runner_set::run(
+            Arc::clone(&context),
+            namespace.as_deref(),
+            shared.reconcile_concurrency,
+            ctx.shutdown.clone(),
+            synced.clone(),
+        )
+    }))
+    .await;
+    Ok(())
+}
+
+/// The AutoscalingRunnerSet controller and the listeners it starts, one
+/// task per scale set. On shutdown the controller stops first, then every
+/// listener deletes its message session before this returns, so the next
+/// holder (this host restarted, or another replica) need not wait for the
+/// sessions to expire.
+async fn autoscaling_runner_sets(ctx: Context) -> Result<(), BoxError> {
+    use controllers::autoscaling_runner_set::{self, Context as SetContext};
+    let shared = &ctx.shared;
+    let scopes = namespaces(&shared.scope);
+    shared.controllers.prime(autoscaling_runner_set::CONTROLLER);
+    // Instances: the controller in each scope, and the listeners' cache.
+    let synced = synced_all(&ctx.ready, scopes.len() + 1);
+    let listeners_stop = ctx.shutdown.child_token();
+    let view = ClusterView::watch(&shared.client, &scopes, &listeners_stop);
+    {
+        let view = view.clone();
+        let synced = synced.clone();
+        tokio::spawn(async move {
+            view.wait_until_ready().await;
+            synced.announce();
+        });
+    }
+    let supervisor = Supervisor::new(
+        shared.client.clone(),
+        shared.clients.clone(),
+        shared.policy.loader.clone(),
+        view,
+        shared.owner.clone(),
+        listeners_stop.clone(),
+    );
+    let context = Arc::new(
+        SetContext::new(
+            shared.client.clone(),
+            supervisor,
+            shared.clients.clone(),
+            shared.policy.loader.clone(),
+            Arc::clone(&shared.policy.reporter),
+        )
+        .with_metrics(shared.controllers.clone()),
+    );
+    join_all(scopes.iter().map(|namespace| {
+        let stop = ctx.shutdown.clone();
+        autoscaling_runner_set::run(
+            Arc::clone(&context),
+            namespace.as_deref(),
+            async move { stop.cancelled().await },
+            synced.clone(),
+        )
+    }))
+    .await;
+    context.listeners().stop_all().await;
+    listeners_stop.cancel();
+    Ok(())
 }
 
 /// Ready once the API server has answered, so `/readyz` does not say ready

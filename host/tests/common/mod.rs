@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 
 /// Applies every file in `crds/` with server-side apply (idempotent, so
@@ -38,4 +39,19 @@ pub async fn install_crds(client: kube::Client) -> usize {
         .expect("waiting for the CRD");
     }
     names.len()
+}
+
+/// Creates the Secret `github-auth` holding `token` under the key ARC's
+/// Secret uses, in `namespace`.
+#[allow(dead_code)] // not every test binary has a scale set
+pub async fn github_secret(client: kube::Client, namespace: &str, token: &str) {
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "github-auth"},
+        "stringData": {"github_token": token},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(client, namespace)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("the GitHub Secret is created");
 }

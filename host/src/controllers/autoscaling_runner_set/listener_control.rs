@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
+use crate::credentials::GitHubTarget;
 use crate::policy::loader::PolicyRef;
 
 /// Everything a listener is built from. Two equal configurations are the
@@ -28,18 +29,24 @@ pub struct ListenerConfig {
     pub namespace: String,
     /// The AutoscalingRunnerSet's name.
     pub name: String,
+    /// The AutoscalingRunnerSet's uid: a set deleted and created again
+    /// under the same name gets a listener of its own, and events name the
+    /// right object.
+    pub uid: Option<String>,
     /// The EphemeralRunnerSet the listener scales.
     pub runner_set_name: String,
     /// The scale set's id in the Actions service.
     pub scale_set_id: i64,
-    /// `spec.githubConfigUrl`.
-    pub config_url: String,
-    /// `spec.githubConfigSecret`.
-    pub secret_name: String,
+    /// Where the scale set's GitHub configuration and credentials live
+    /// (URL, Secret, proxy, CA): a change of any of them is a new client,
+    /// so a new listener.
+    pub github: GitHubTarget,
     /// The effective minimum (0 when unset).
     pub min_runners: i32,
     /// The maximum; unbounded when `None`.
     pub max_runners: Option<i32>,
+    /// The scale set's `runs-on` labels.
+    pub scale_set_labels: Vec<String>,
     /// The AutoscalingRunnerSet's labels.
     pub labels: BTreeMap<String, String>,
     /// The scaling policy reference.

@@ -22,7 +22,7 @@ use std::future::Future;
 
 use crate::actions::{ActionsClient, ActionsError};
 use crate::api::AutoscalingRunnerSet;
-use crate::credentials::{ActionsClients, CredentialsError, GitHubTarget, ProxyTarget};
+use crate::credentials::{ActionsClients, CredentialsError, GitHubTarget};
 
 pub use listener_control::{
     InMemoryListeners, ListenerConfig, ListenerControl, ListenerError, ListenerEvent,
@@ -32,6 +32,9 @@ pub use reconcile::{Context, reconcile, run};
 /// The finalizer that holds the object until its listener, runners and
 /// scale set are gone.
 pub const FINALIZER: &str = "autoscalingrunnerset.arcwright.dev/finalizer";
+
+/// The controller's name in metrics.
+pub const CONTROLLER: &str = "autoscaling-runner-set";
 
 /// The field manager of every write this controller makes.
 pub const FIELD_MANAGER: &str = "arcwright-autoscaling-runner-set";
@@ -135,32 +138,17 @@ impl Error {
 }
 
 /// Where `set`'s GitHub configuration lives, for the shared credentials
-/// cache. The CRD gives each proxy server its own credential Secret; the
-/// client takes one, the `https` one first since GitHub is reached over
-/// HTTPS.
+/// cache.
 pub fn github_target(set: &AutoscalingRunnerSet) -> GitHubTarget {
     use kube::ResourceExt;
     let spec = &set.spec;
-    GitHubTarget {
-        namespace: set.namespace().unwrap_or_default(),
-        config_url: spec.github_config_url.clone(),
-        secret_name: spec.github_config_secret.clone(),
-        proxy: spec.proxy.as_ref().map(|proxy| ProxyTarget {
-            http_url: proxy.http.as_ref().map(|server| server.url.clone()),
-            https_url: proxy.https.as_ref().map(|server| server.url.clone()),
-            no_proxy: proxy.no_proxy.clone(),
-            credential_secret: [&proxy.https, &proxy.http]
-                .into_iter()
-                .flatten()
-                .find_map(|server| server.credential_secret_ref.clone()),
-        }),
-        ca_config_map: spec
-            .github_server_tls
-            .as_ref()
-            .and_then(|tls| tls.certificate_from.as_ref())
-            .and_then(|from| from.config_map_key_ref.as_ref())
-            .map(|selector| (selector.name.clone(), selector.key.clone())),
-    }
+    super::github_target(
+        &set.namespace().unwrap_or_default(),
+        &spec.github_config_url,
+        &spec.github_config_secret,
+        spec.proxy.as_ref(),
+        spec.github_server_tls.as_ref(),
+    )
 }
 
 /// The production source: the shared cache, keyed by target and the

@@ -425,12 +425,19 @@ mod tests {
         ListenerConfig {
             namespace: "ns".into(),
             name: "linux".into(),
+            uid: Some("u1".into()),
             runner_set_name: "linux".into(),
             scale_set_id: 7,
-            config_url: "https://github.com/octo-org".into(),
-            secret_name: "github-auth".into(),
+            github: crate::controllers::github_target(
+                "ns",
+                "https://github.com/octo-org",
+                "github-auth",
+                None,
+                None,
+            ),
             min_runners: 0,
             max_runners: None,
+            scale_set_labels: Vec::new(),
             labels: labels
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))

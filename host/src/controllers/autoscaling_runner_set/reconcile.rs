@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, 
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::Instrument;
@@ -21,6 +21,7 @@ use crate::api::{
     AutoscalingRunnerSet, AutoscalingRunnerSetPhase, EphemeralRunner, EphemeralRunnerSet,
     EphemeralRunnerSetPhase, EphemeralRunnerSpec, labels,
 };
+use crate::controllers::metrics::ControllerMetrics;
 use crate::policy::loader::{LoadedPolicy, PolicyLoader, PolicyRef};
 use crate::policy::types::{PodValidationInput, Violation};
 use crate::policy::{PolicyKind, PolicyReporter};
@@ -30,8 +31,8 @@ use super::plan::{
     RunnerSetObserved, RunnerSetStep, StatusOutcome, TemplateVerdict,
 };
 use super::{
-    ActionsClientSource, CredentialError, DELETION_CONDITION, Error, FIELD_MANAGER, FINALIZER,
-    FORCE_DELETE_ANNOTATION, ListenerConfig, ListenerControl, SCALE_SET_ID_ANNOTATION,
+    ActionsClientSource, CONTROLLER, CredentialError, DELETION_CONDITION, Error, FIELD_MANAGER,
+    FINALIZER, FORCE_DELETE_ANNOTATION, ListenerConfig, ListenerControl, SCALE_SET_ID_ANNOTATION,
     TEMPLATE_CONDITION, watch,
 };
 
@@ -54,6 +55,7 @@ pub struct Context<L, S> {
     policies: PolicyLoader,
     reporter: Arc<dyn PolicyReporter>,
     recorder: Recorder,
+    metrics: ControllerMetrics,
     /// One loaded pod-validation policy per scale set, kept while its
     /// reference is unchanged, so a ConfigMap-backed policy is watched once
     /// and not reloaded on every reconcile.
@@ -86,8 +88,21 @@ impl<L: ListenerControl, S: ActionsClientSource> Context<L, S> {
             policies,
             reporter,
             recorder,
+            metrics: ControllerMetrics::default(),
             validators: Mutex::default(),
         }
+    }
+
+    /// Reports reconcile durations and errors in `metrics` (the process's
+    /// registered ones) instead of unregistered ones.
+    pub fn with_metrics(mut self, metrics: ControllerMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The metrics reconciles report to.
+    pub fn metrics(&self) -> &ControllerMetrics {
+        &self.metrics
     }
 
     /// The listeners this controller starts and stops.
@@ -99,11 +114,12 @@ impl<L: ListenerControl, S: ActionsClientSource> Context<L, S> {
 /// Runs the controller until `shutdown` resolves: every
 /// AutoscalingRunnerSet in `namespace` (all when `None`), woken by its own
 /// updates and by the updates of its EphemeralRunnerSet that change what
-/// it reads ([`watch`]).
+/// it reads ([`watch`]). `synced` hears when the sets are listed.
 pub async fn run<L: ListenerControl, S: ActionsClientSource>(
     context: Arc<Context<L, S>>,
     namespace: Option<&str>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    synced: crate::controllers::Synced,
 ) {
     let client = context.client.clone();
     let (sets, runner_sets): (Api<AutoscalingRunnerSet>, Api<EphemeralRunnerSet>) = match namespace
@@ -114,8 +130,20 @@ pub async fn run<L: ListenerControl, S: ActionsClientSource>(
         ),
         None => (Api::all(client.clone()), Api::all(client)),
     };
-    let owned = watch::filtered(watcher::watcher(runner_sets, watcher::Config::default()));
-    Controller::new(sets, watcher::Config::default())
+    let metrics = context.metrics.clone();
+    let owned = watch::filtered(
+        watcher::watcher(runner_sets, watcher::Config::default()),
+        move |delivered| metrics.owned_update(CONTROLLER, delivered),
+    );
+    let (reader, writer) = reflector::store();
+    let listed = synced
+        .on_listed(
+            watcher::watcher(sets, watcher::Config::default())
+                .default_backoff()
+                .reflect(writer),
+        )
+        .applied_objects();
+    Controller::for_stream(listed, reader)
         .owns_stream(owned)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
@@ -130,8 +158,9 @@ pub async fn run<L: ListenerControl, S: ActionsClientSource>(
 fn error_policy<L: ListenerControl, S: ActionsClientSource>(
     set: Arc<AutoscalingRunnerSet>,
     error: &Error,
-    _context: Arc<Context<L, S>>,
+    context: Arc<Context<L, S>>,
 ) -> Action {
+    context.metrics.error(CONTROLLER, error.metric_label());
     tracing::warn!(
         name = %set.name_any(),
         namespace = set.namespace().unwrap_or_default(),
@@ -160,6 +189,7 @@ pub async fn reconcile<L: ListenerControl, S: ActionsClientSource>(
         namespace = set.namespace().unwrap_or_default(),
         name = set.name_any()
     );
+    let _timer = context.metrics.time(CONTROLLER);
     reconcile_set(set, context).instrument(span).await
 }
 
@@ -325,12 +355,13 @@ fn desired_listener(set: &AutoscalingRunnerSet, id: i64) -> ListenerConfig {
     ListenerConfig {
         namespace: set.namespace().unwrap_or_default(),
         name: set.name_any(),
+        uid: set.uid(),
         runner_set_name: set.name_any(),
         scale_set_id: id,
-        config_url: set.spec.github_config_url.clone(),
-        secret_name: set.spec.github_config_secret.clone(),
+        github: super::github_target(set),
         min_runners: set.spec.min_runners.unwrap_or(0),
         max_runners: set.spec.max_runners,
+        scale_set_labels: set.spec.runner_scale_set_labels.clone(),
         labels: set.labels().clone(),
         scaling_policy: set.spec.policies.scaling_policy.clone(),
     }
@@ -464,15 +495,9 @@ async fn announce_rejection<L: ListenerControl, S: ActionsClientSource>(
     if announced {
         return;
     }
-    let mut note = format!("the pod-validation policy refused the template: {message}");
-    if note.len() > 1000 {
-        let mut end = 997;
-        while !note.is_char_boundary(end) {
-            end -= 1;
-        }
-        note.truncate(end);
-        note.push_str("...");
-    }
+    let note = crate::events::note(format!(
+        "the pod-validation policy refused the template: {message}"
+    ));
     let event = Event {
         type_: EventType::Warning,
         reason: "PodTemplateRejected".into(),
@@ -674,7 +699,12 @@ async fn write_status(
     runner_set: Option<&EphemeralRunnerSet>,
     pending_written: bool,
 ) -> Result<(), Error> {
-    let current = set.status.clone().unwrap_or_default();
+    // The listener's fields are the listener's: left out of the comparison
+    // and of the patch, so a status written here never undoes one the
+    // listener wrote meanwhile.
+    let mut current = set.status.clone().unwrap_or_default();
+    current.listener = None;
+    current.scaling = None;
     let mut next = current.clone();
     next.phase = Some(outcome.phase);
     next.observed_generation = outcome.observed_generation;

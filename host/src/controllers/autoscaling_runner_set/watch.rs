@@ -17,21 +17,39 @@ use kube::Resource;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 
-use crate::api::EphemeralRunnerSet;
+use crate::api::{EphemeralRunnerSet, EphemeralRunnerSetPhase};
 
 /// The fields of an EphemeralRunnerSet its owner reads: the metadata
-/// (without `resourceVersion` and `managedFields`, which move on every
-/// write), the whole spec, the phase and the applied revision.
+/// (without `resourceVersion`, `generation` and `managedFields`, which move
+/// on every write), the spec, the phase and the applied revision.
+///
+/// `replicas` and `patchID` are the listener's, rewritten on every scaling
+/// decision; the owner reads them only to keep an Outdated set pinned at
+/// zero, so they are part of the projection only while the set is
+/// Outdated. Otherwise every decision would wake the AutoscalingRunnerSet
+/// for a reconcile that can change nothing.
 pub fn runner_set_projection(set: &EphemeralRunnerSet) -> Value {
     let mut metadata = set.meta().clone();
     metadata.resource_version = None;
     metadata.managed_fields = None;
+    metadata.generation = None;
+    // Read as the reconciler reads them: a set without a status yet is a
+    // Running set at revision 0, so its first status write is no news.
     let status = set.status.as_ref();
+    let phase = status
+        .and_then(|s| s.phase)
+        .unwrap_or(EphemeralRunnerSetPhase::Running);
+    let applied = status.map_or(0, |s| s.applied_actionable_revision);
+    let mut spec = set.spec.clone();
+    if phase != EphemeralRunnerSetPhase::Outdated {
+        spec.replicas = 0;
+        spec.patch_id = 0;
+    }
     json!({
         "metadata": metadata,
-        "spec": set.spec,
-        "phase": status.and_then(|s| s.phase),
-        "appliedActionableRevision": status.map(|s| s.applied_actionable_revision),
+        "spec": spec,
+        "phase": phase,
+        "appliedActionableRevision": applied,
     })
 }
 
@@ -66,15 +84,27 @@ impl ProjectionFilter {
 }
 
 /// The EphemeralRunnerSets that should wake their owner, from a watcher's
-/// events.
+/// events; `judged` hears, for each update of an object, whether it passed.
 pub fn filtered(
     events: impl Stream<Item = Result<watcher::Event<EphemeralRunnerSet>, watcher::Error>>,
+    judged: impl Fn(bool) + Send + 'static,
 ) -> impl Stream<Item = Result<EphemeralRunnerSet, watcher::Error>> {
     let mut filter = ProjectionFilter::default();
     events
         .filter_map(move |event| {
             let keep = match &event {
-                Ok(event) => filter.admit(event),
+                Ok(event) => {
+                    let keep = filter.admit(event);
+                    if matches!(
+                        event,
+                        watcher::Event::Apply(_)
+                            | watcher::Event::InitApply(_)
+                            | watcher::Event::Delete(_)
+                    ) {
+                        judged(keep);
+                    }
+                    keep
+                }
                 Err(_) => true,
             };
             futures::future::ready(keep.then_some(event))
@@ -93,7 +123,7 @@ pub fn filtered(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{EphemeralRunnerSetPhase, EphemeralRunnerSetStatus};
+    use crate::api::EphemeralRunnerSetStatus;
 
     fn set() -> EphemeralRunnerSet {
         let mut set: EphemeralRunnerSet = serde_json::from_value(json!({
@@ -112,7 +142,7 @@ mod tests {
     #[test]
     fn only_updates_of_what_the_owner_reads_pass() {
         type Case = (&'static str, fn(&mut EphemeralRunnerSet), bool);
-        let cases: [Case; 7] = [
+        let cases: [Case; 10] = [
             (
                 "nothing but the resource version",
                 |s| s.metadata.resource_version = Some("2".into()),
@@ -124,11 +154,34 @@ mod tests {
                 false,
             ),
             (
+                "a first status with nothing in it",
+                |s| s.status = None,
+                false,
+            ),
+            (
                 "the observed generation",
                 |s| s.status.as_mut().unwrap().observed_generation = Some(4),
                 false,
             ),
-            ("the replicas", |s| s.spec.replicas = 2, true),
+            (
+                "a scaling decision (replicas, patch id, generation)",
+                |s| {
+                    s.spec.replicas = 2;
+                    s.spec.patch_id = 2;
+                    s.metadata.generation = Some(5);
+                },
+                false,
+            ),
+            (
+                "the actionable revision",
+                |s| s.spec.actionable_revision = 2,
+                true,
+            ),
+            (
+                "the runner spec",
+                |s| s.spec.ephemeral_runner_spec.github_config_secret = "t".into(),
+                true,
+            ),
             (
                 "the phase",
                 |s| s.status.as_mut().unwrap().phase = Some(EphemeralRunnerSetPhase::Outdated),
@@ -161,6 +214,17 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    #[test]
+    fn replicas_of_an_outdated_set_pass_because_the_owner_pins_them() {
+        let mut outdated = set();
+        outdated.status.as_mut().unwrap().phase = Some(EphemeralRunnerSetPhase::Outdated);
+        let mut filter = ProjectionFilter::default();
+        assert!(filter.admit(&watcher::Event::Apply(outdated.clone())));
+        outdated.spec.replicas = 0;
+        outdated.spec.patch_id = 0;
+        assert!(filter.admit(&watcher::Event::Apply(outdated)));
     }
 
     #[test]

@@ -27,17 +27,15 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::runtime::controller::{self, Action};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::actions::ActionsError;
 use crate::api::{EphemeralRunner, labels};
 use crate::controllers::metrics::{ControllerMetrics, RunnerLabels};
-use crate::credentials::{
-    ActionsClients, ActionsRemover, CredentialsError, GitHubTarget, ProxyTarget,
-};
+use crate::credentials::{ActionsClients, ActionsRemover, CredentialsError, GitHubTarget};
 use crate::policy::loader::{LoadedPolicy, PolicyLoader, PolicyRef};
 use crate::policy::{PolicyError, PolicyKind, PolicyReporter};
 use crate::unregistration::{PoolConfig, UnregistrationKey, UnregistrationPool};
@@ -210,32 +208,13 @@ impl Context {
 /// pool.
 pub fn github_target(runner: &EphemeralRunner) -> GitHubTarget {
     let spec = &runner.spec;
-    GitHubTarget {
-        namespace: runner.namespace().unwrap_or_default(),
-        config_url: spec.github_config_url.clone(),
-        secret_name: spec.github_config_secret.clone(),
-        proxy: spec.proxy.as_ref().map(|proxy| ProxyTarget {
-            http_url: proxy.http.as_ref().map(|p| p.url.clone()),
-            https_url: proxy.https.as_ref().map(|p| p.url.clone()),
-            no_proxy: proxy.no_proxy.clone(),
-            credential_secret: proxy
-                .https
-                .as_ref()
-                .and_then(|p| p.credential_secret_ref.clone())
-                .or_else(|| {
-                    proxy
-                        .http
-                        .as_ref()
-                        .and_then(|p| p.credential_secret_ref.clone())
-                }),
-        }),
-        ca_config_map: spec
-            .github_server_tls
-            .as_ref()
-            .and_then(|tls| tls.certificate_from.as_ref())
-            .and_then(|from| from.config_map_key_ref.as_ref())
-            .map(|r| (r.name.clone(), r.key.clone())),
-    }
+    super::github_target(
+        &runner.namespace().unwrap_or_default(),
+        &spec.github_config_url,
+        &spec.github_config_secret,
+        spec.proxy.as_ref(),
+        spec.github_server_tls.as_ref(),
+    )
 }
 
 async fn reconcile(
@@ -285,8 +264,14 @@ fn error_policy(
 }
 
 /// Runs the controller and its unregistration pool until `shutdown` is
-/// cancelled.
-pub async fn run(deps: Dependencies, config: Config, shutdown: CancellationToken) {
+/// cancelled, telling `synced` once the runners are listed. Returns after
+/// the reconciles in flight finished and the pool stopped.
+pub async fn run(
+    deps: Dependencies,
+    config: Config,
+    shutdown: CancellationToken,
+    synced: super::Synced,
+) {
     let client = deps.client.clone();
     let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
     let pool = UnregistrationPool::new(
@@ -328,7 +313,15 @@ pub async fn run(deps: Dependencies, config: Config, shutdown: CancellationToken
     let woken = futures::stream::unfold(woken, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });
-    Controller::new(runners, watcher::Config::default())
+    let (reader, writer) = reflector::store();
+    let listed = synced
+        .on_listed(
+            watcher::watcher(runners, watcher::Config::default())
+                .default_backoff()
+                .reflect(writer),
+        )
+        .applied_objects();
+    Controller::for_stream(listed, reader)
         .owns(pods, owned.clone())
         .owns(secrets, owned)
         .reconcile_on(woken)

@@ -26,7 +26,10 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, applier, watcher};
 
+use tokio_util::sync::CancellationToken;
+
 use crate::api::{EphemeralRunner, EphemeralRunnerSet};
+use crate::controllers::metrics::ControllerMetrics;
 
 pub use metrics::SetMetrics;
 pub use reconcile::Error;
@@ -61,8 +64,11 @@ pub struct Context {
     pub client: kube::Client,
     /// Where events go.
     pub recorder: Recorder,
-    /// The metrics.
+    /// The metrics of the sets.
     pub metrics: SetMetrics,
+    /// The metrics every controller reports (reconcile durations and
+    /// errors); unregistered unless the process hands its own.
+    pub controller_metrics: ControllerMetrics,
 }
 
 impl Context {
@@ -79,17 +85,25 @@ impl Context {
             client,
             recorder,
             metrics,
+            controller_metrics: ControllerMetrics::default(),
         }
     }
 }
 
 /// Runs the controller over the sets of `namespace` (all namespaces when
-/// `None`) until the returned future is dropped or its task aborted.
+/// `None`) until `shutdown` is cancelled (then it finishes the reconciles
+/// in flight and returns), telling `synced` once the sets are listed.
 ///
 /// The set's own watch delivers every update (the reconciler hands work to
 /// its next pass through status writes); the runners' watch goes through
 /// [`watch::RunnerFilter`].
-pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, concurrency: u16) {
+pub async fn run(
+    ctx: Arc<Context>,
+    namespace: Option<&str>,
+    concurrency: u16,
+    shutdown: CancellationToken,
+    synced: super::Synced,
+) {
     let (sets, runners): (Api<EphemeralRunnerSet>, Api<EphemeralRunner>) = match namespace {
         Some(ns) => (
             Api::namespaced(ctx.client.clone(), ns),
@@ -99,17 +113,22 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, concurrency: u16) {
     };
     let (reader, writer) = reflector::store();
     let own = controller::trigger_self(
-        watcher(sets, watcher::Config::default())
-            .default_backoff()
-            .reflect(writer)
+        synced
+            .on_listed(
+                watcher(sets, watcher::Config::default())
+                    .default_backoff()
+                    .reflect(writer),
+            )
             .applied_objects(),
         (),
     );
     let owned = owned_triggers(
         watcher(runners, watcher::Config::default().labels(labels::SET)).default_backoff(),
         ctx.metrics.clone(),
+        ctx.controller_metrics.clone(),
     );
-    let queue = futures::stream::select(own.boxed(), owned.boxed());
+    let queue =
+        futures::stream::select(own.boxed(), owned.boxed()).take_until(shutdown.cancelled_owned());
     applier(
         |set, ctx| Box::pin(reconcile::reconcile(set, ctx)),
         reconcile::error_policy,
@@ -131,6 +150,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<&str>, concurrency: u16) {
 fn owned_triggers(
     events: impl Stream<Item = Result<watcher::Event<EphemeralRunner>, watcher::Error>> + Send + 'static,
     metrics: SetMetrics,
+    controller_metrics: ControllerMetrics,
 ) -> impl Stream<Item = Result<ReconcileRequest<EphemeralRunnerSet>, watcher::Error>> + Send {
     let mut filter = watch::RunnerFilter::default();
     events
@@ -141,6 +161,7 @@ fn owned_triggers(
                 .filter_map(|judged| {
                     let namespace = judged.owner.namespace.clone().unwrap_or_default();
                     metrics.runner_update(&namespace, &judged.owner.name, judged.delivered);
+                    controller_metrics.owned_update(CONTROLLER_NAME, judged.delivered);
                     judged.delivered.then(|| ReconcileRequest {
                         obj_ref: judged.owner,
                         reason: ReconcileReason::Custom {

@@ -57,13 +57,16 @@ impl Error {
 }
 
 /// Retries a failed reconcile soon: everything it does is idempotent.
-pub fn error_policy(set: Arc<EphemeralRunnerSet>, error: &Error, _: Arc<Context>) -> Action {
+pub fn error_policy(set: Arc<EphemeralRunnerSet>, error: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(set = %set.name_any(), error = %error, kind = error.label(), "reconcile failed");
+    ctx.controller_metrics
+        .error(super::CONTROLLER_NAME, error.label());
     Action::requeue(Duration::from_secs(5))
 }
 
 /// One pass: observe, plan, apply.
 pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.controller_metrics.time(super::CONTROLLER_NAME);
     let namespace = set.namespace().ok_or(Error::MissingMetadata("namespace"))?;
     let name = set.name_any();
     let uid = set.uid().ok_or(Error::MissingMetadata("uid"))?;

@@ -1,0 +1,732 @@
+//! The listener's seams in a cluster: decisions go to the scale set's
+//! EphemeralRunnerSet, jobs to the EphemeralRunners' status, and the
+//! listener's health and decisions to the AutoscalingRunnerSet's status.
+//!
+//! A listener observes its target before every decision, which is after
+//! every long poll, so [`ClusterView`] answers from informer caches: one
+//! watch on EphemeralRunnerSets and one on EphemeralRunners for the whole
+//! process, however many scale sets it runs, instead of a GET and a LIST
+//! per poll per scale set. A cache may lag a write by a moment; that is
+//! harmless here, since the listener numbers its own decisions after the
+//! first ([`super::PatchSequence`]) and the runner counts only inform the
+//! policy.
+//!
+//! Every write names its own field manager, [`FIELD_MANAGER`], and touches
+//! only the listener's fields: `spec.replicas` and `spec.patchID` of the
+//! set, the job fields of a runner's status, `status.listener` and
+//! `status.scaling` of the scale set.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use serde_json::json;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::ListenerError;
+use super::jobs::{JobCompleted, JobSink, JobStarted};
+use super::status::{Health, StatusSink, StatusUpdate};
+use super::target::{Observed, ScalePatch, ScaleTarget};
+use crate::api::{
+    AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSet,
+    ListenerStatus, ScalingStatus,
+};
+use crate::controllers::ephemeral_runner_set::labels::SET;
+use crate::policy::PolicyEvent;
+use crate::policy::types::RunnerCounts;
+
+/// The field manager of every write a listener makes.
+pub const FIELD_MANAGER: &str = "arcwright-listener";
+
+/// Informer caches of the EphemeralRunnerSets and EphemeralRunners every
+/// listener of the process reads. Clones share the caches.
+#[derive(Clone)]
+pub struct ClusterView {
+    scopes: Arc<Vec<Scope>>,
+}
+
+/// The caches of one watched namespace (`None`: all of them).
+struct Scope {
+    namespace: Option<String>,
+    runner_sets: Store<EphemeralRunnerSet>,
+    runners: Store<EphemeralRunner>,
+    /// Whether each cache has had its first full listing. Kept here rather
+    /// than awaited on the stores: kube-runtime 5's
+    /// `Store::wait_until_ready` wakes only the last of several waiters,
+    /// and every listener waits.
+    listed: [watch::Receiver<bool>; 2],
+}
+
+impl ClusterView {
+    /// Starts two watches per scope (a namespace, or `None` for all), on
+    /// the current runtime; they run until `shutdown` is cancelled. A watch
+    /// error is retried with the watcher's own backoff, never fatal. One
+    /// watch per namespace, rather than one over the cluster, keeps the
+    /// host within a namespaced Role when it is given one.
+    pub fn watch(client: &Client, scopes: &[Option<String>], shutdown: &CancellationToken) -> Self {
+        let scopes = scopes
+            .iter()
+            .map(|namespace| {
+                let (runner_sets, sets_writer) = reflector::store();
+                let (runners, runners_writer) = reflector::store();
+                let sets_listed = drive(
+                    watcher(
+                        api::<EphemeralRunnerSet>(client, namespace),
+                        watcher::Config::default(),
+                    )
+                    .default_backoff()
+                    .reflect(sets_writer),
+                    shutdown,
+                );
+                let runners_listed = drive(
+                    watcher(
+                        api::<EphemeralRunner>(client, namespace),
+                        watcher::Config::default().labels(SET),
+                    )
+                    .default_backoff()
+                    .reflect(runners_writer),
+                    shutdown,
+                );
+                Scope {
+                    namespace: namespace.clone(),
+                    runner_sets,
+                    runners,
+                    listed: [sets_listed, runners_listed],
+                }
+            })
+            .collect();
+        Self {
+            scopes: Arc::new(scopes),
+        }
+    }
+
+    /// Waits until every cache holds its first full listing.
+    pub async fn wait_until_ready(&self) {
+        for scope in self.scopes.iter() {
+            for listed in &scope.listed {
+                // An error means the watch ended: shutdown, nothing to wait for.
+                let _ = listed.clone().wait_for(|listed| *listed).await;
+            }
+        }
+    }
+
+    /// What the set `namespace/name` holds, with its runners counted by
+    /// phase.
+    fn observe(&self, namespace: &str, name: &str) -> Option<Observed> {
+        let scope = self.scopes.iter().find(|scope| {
+            scope.namespace.is_none() || scope.namespace.as_deref() == Some(namespace)
+        })?;
+        let set = scope
+            .runner_sets
+            .get(&ObjectRef::new(name).within(namespace))?;
+        let runners = scope
+            .runners
+            .state()
+            .into_iter()
+            .filter(|runner| {
+                runner.metadata.namespace.as_deref() == Some(namespace)
+                    && runner.metadata.labels.as_ref().and_then(|l| l.get(SET))
+                        == Some(&name.to_owned())
+            })
+            .fold(RunnerCounts::default(), |counts, runner| {
+                count(counts, &runner)
+            });
+        Some(Observed {
+            replicas: u32::try_from(set.spec.replicas).ok(),
+            patch_id: i64::from(set.spec.patch_id),
+            runners,
+        })
+    }
+}
+
+fn api<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Runs a reflector's stream on its own task until `shutdown`; the
+/// receiver turns true at the end of the first listing.
+fn drive<K, S>(stream: S, shutdown: &CancellationToken) -> watch::Receiver<bool>
+where
+    K: Send + 'static,
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+{
+    let (listed, receiver) = watch::channel(false);
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                next = stream.next() => match next {
+                    None => return,
+                    Some(Ok(watcher::Event::InitDone)) => { listed.send_replace(true); }
+                    Some(Err(error)) => tracing::debug!("listener cache watch: {error}"),
+                    Some(Ok(_)) => {}
+                },
+            }
+        }
+    });
+    receiver
+}
+
+/// Adds one runner to the counts the scaling policy reads.
+fn count(mut counts: RunnerCounts, runner: &EphemeralRunner) -> RunnerCounts {
+    if runner.metadata.deletion_timestamp.is_some() {
+        counts.deleting += 1;
+        return counts;
+    }
+    let status = runner.status.clone().unwrap_or_default();
+    match status.phase.unwrap_or_default() {
+        EphemeralRunnerPhase::Pending => counts.pending += 1,
+        EphemeralRunnerPhase::Running => {
+            counts.running += 1;
+            if status.has_job() {
+                counts.busy += 1;
+            }
+        }
+        EphemeralRunnerPhase::Succeeded => counts.succeeded += 1,
+        EphemeralRunnerPhase::Failed => counts.failed += 1,
+        EphemeralRunnerPhase::Outdated => counts.outdated += 1,
+    }
+    counts
+}
+
+/// A scale set's EphemeralRunnerSet as a listener's [`ScaleTarget`].
+pub struct RunnerSetTarget {
+    view: ClusterView,
+    api: Api<EphemeralRunnerSet>,
+    namespace: String,
+    name: String,
+}
+
+impl RunnerSetTarget {
+    /// The set `namespace/name`, read through `view`.
+    pub fn new(client: Client, view: ClusterView, namespace: &str, name: &str) -> Self {
+        Self {
+            view,
+            api: Api::namespaced(client, namespace),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+}
+
+impl ScaleTarget for RunnerSetTarget {
+    async fn observe(&self) -> Result<Observed, ListenerError> {
+        self.view.wait_until_ready().await;
+        self.view
+            .observe(&self.namespace, &self.name)
+            .ok_or_else(|| {
+                ListenerError::Target(format!(
+                    "the EphemeralRunnerSet {}/{} does not exist (yet)",
+                    self.namespace, self.name
+                ))
+            })
+    }
+
+    async fn apply(&self, patch: ScalePatch) -> Result<(), ListenerError> {
+        let replicas = i32::try_from(patch.replicas).unwrap_or(i32::MAX);
+        // The CRD's patch id is ARC's int32; a listener would need two
+        // billion decisions to pass it, and wrapping to 1 keeps the id
+        // non-zero (a zero would read as "steady").
+        let patch_id = i32::try_from(patch.patch_id).unwrap_or(1);
+        self.api
+            .patch(
+                &self.name,
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Merge(json!({"spec": {"replicas": replicas, "patchID": patch_id}})),
+            )
+            .await
+            .map(drop)
+            .map_err(|error| {
+                ListenerError::Target(format!(
+                    "patching the EphemeralRunnerSet {}/{}: {error}",
+                    self.namespace, self.name
+                ))
+            })
+    }
+}
+
+/// The EphemeralRunners of a namespace as a listener's [`JobSink`]: a job
+/// goes on its runner's status, where the EphemeralRunnerSet controller
+/// sees that the runner is busy.
+pub struct RunnerJobs {
+    api: Api<EphemeralRunner>,
+}
+
+impl RunnerJobs {
+    /// The runners of `namespace`.
+    pub fn new(client: Client, namespace: &str) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+        }
+    }
+
+    async fn record(&self, runner: &str, status: serde_json::Value) -> Result<(), ListenerError> {
+        match self
+            .api
+            .patch_status(
+                runner,
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            // The runner finished and went before the message arrived.
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(error) => Err(ListenerError::JobRecord {
+                runner: runner.to_owned(),
+                message: error.to_string(),
+            }),
+        }
+    }
+}
+
+fn time(at: Timestamp) -> Time {
+    Time(at)
+}
+
+impl JobSink for RunnerJobs {
+    async fn job_started(&self, job: JobStarted) -> Result<(), ListenerError> {
+        let status = json!({
+            "jobRequestId": job.runner_request_id,
+            "jobId": job.job_id,
+            "jobRepositoryName": job.repository,
+            "jobWorkflowRef": job.workflow_ref,
+            "workflowRunId": job.workflow_run_id,
+            "jobDisplayName": job.job_display_name,
+            "jobStartedAt": time(job.started_at),
+        });
+        self.record(&job.runner_name, status).await
+    }
+
+    async fn job_completed(&self, job: JobCompleted) -> Result<(), ListenerError> {
+        if job.runner_name.is_empty() {
+            // Cancelled before any runner took it: nothing to record.
+            return Ok(());
+        }
+        let status = json!({
+            "jobResult": job.result,
+            "jobFinishedAt": time(job.finished_at),
+        });
+        self.record(&job.runner_name, status).await
+    }
+}
+
+/// The AutoscalingRunnerSet's status and events as a listener's
+/// [`StatusSink`].
+///
+/// [`StatusSink::update`] must not block, so updates go through a channel
+/// to a writer task. Under load the writer folds what queued up while it
+/// was writing into one status patch (the latest health and decision win)
+/// before it writes again: the status says what is true now, not every
+/// step on the way.
+pub struct ScaleSetStatus {
+    updates: mpsc::UnboundedSender<StatusUpdate>,
+}
+
+impl ScaleSetStatus {
+    /// Starts the writer for `set`, a reference to the AutoscalingRunnerSet
+    /// (namespace, name and uid, so events show in `kubectl describe`). It
+    /// ends once every sender is dropped, i.e. when its listener has ended.
+    pub fn start(client: Client, recorder: Recorder, set: ObjectReference) -> Self {
+        let (updates, queue) = mpsc::unbounded_channel();
+        let api: Api<AutoscalingRunnerSet> =
+            Api::namespaced(client, set.namespace.as_deref().unwrap_or_default());
+        tokio::spawn(write_statuses(api, recorder, set, queue));
+        Self { updates }
+    }
+
+    /// The recorder a listener's events go out through.
+    pub fn recorder(client: Client) -> Recorder {
+        Recorder::new(
+            client,
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: None,
+            },
+        )
+    }
+
+    /// A reference to `set` for [`ScaleSetStatus::start`].
+    pub fn reference(namespace: &str, name: &str, uid: Option<String>) -> ObjectReference {
+        ObjectReference {
+            api_version: Some(AutoscalingRunnerSet::api_version(&()).into_owned()),
+            kind: Some(AutoscalingRunnerSet::kind(&()).into_owned()),
+            namespace: Some(namespace.to_owned()),
+            name: Some(name.to_owned()),
+            uid,
+            ..ObjectReference::default()
+        }
+    }
+}
+
+impl StatusSink for ScaleSetStatus {
+    fn update(&self, update: StatusUpdate) {
+        // The writer is gone only when the process is shutting down.
+        let _ = self.updates.send(update);
+    }
+}
+
+/// What one status patch and its events say, folded from queued updates.
+/// The writer keeps one for the listener's life: it remembers the answer
+/// last announced, so a decision whose reason moved (a job count in it) but
+/// whose answer did not is written to the status without another event.
+#[derive(Default)]
+struct Batch {
+    health: Option<Health>,
+    decision: Option<super::DecisionReport>,
+    events: Vec<Event>,
+    announced: Option<(u32, String)>,
+}
+
+impl Batch {
+    fn add(&mut self, update: StatusUpdate) {
+        match update {
+            StatusUpdate::Health(health) => {
+                self.events.push(health_event(&health));
+                self.health = Some(health);
+            }
+            StatusUpdate::Decision(decision) => {
+                let answer = (decision.desired, decision.policy.clone());
+                if self.announced.as_ref() != Some(&answer) {
+                    self.events.push(decision_event(&decision));
+                    self.announced = Some(answer);
+                }
+                self.decision = Some(decision);
+            }
+            StatusUpdate::Policy { policy, event } => {
+                self.events.push(policy_event(&policy, &event));
+            }
+        }
+    }
+
+    /// The status patch and the events gathered since the last call.
+    fn take(&mut self, now: Timestamp) -> (serde_json::Value, Vec<Event>) {
+        let status = self.status(now);
+        self.health = None;
+        self.decision = None;
+        (status, std::mem::take(&mut self.events))
+    }
+
+    fn status(&self, now: Timestamp) -> serde_json::Value {
+        let mut status = serde_json::Map::new();
+        if let Some(health) = &self.health {
+            status.insert(
+                "listener".into(),
+                serde_json::to_value(listener_status(health, now)).unwrap_or_default(),
+            );
+        }
+        if let Some(decision) = &self.decision {
+            status.insert(
+                "scaling".into(),
+                serde_json::to_value(ScalingStatus {
+                    desired_runners: i32::try_from(decision.desired).unwrap_or(i32::MAX),
+                    reason: decision.reason.clone(),
+                    policy: decision.policy.clone(),
+                    fallback_reason: decision.fallback_reason.clone(),
+                    last_decision_time: Some(Time(now)),
+                })
+                .unwrap_or_default(),
+            );
+        }
+        serde_json::Value::Object(status)
+    }
+}
+
+/// The status a health report is shown as.
+pub fn listener_status(health: &Health, now: Timestamp) -> ListenerStatus {
+    let (state, reason, message) = match health {
+        Health::Listening => ("Listening", None, None),
+        Health::Retrying { cause, message, .. } => (
+            "Retrying",
+            Some(cause.as_str().to_owned()),
+            Some(message.clone()),
+        ),
+        Health::Stopped => ("Stopped", None, None),
+    };
+    ListenerStatus {
+        state: state.into(),
+        reason,
+        message,
+        last_transition_time: Some(Time(now)),
+    }
+}
+
+fn health_event(health: &Health) -> Event {
+    let (type_, reason, note) = match health {
+        Health::Listening => (
+            EventType::Normal,
+            "Listening",
+            "the listener holds its message session".to_owned(),
+        ),
+        Health::Retrying {
+            cause,
+            message,
+            retry_in,
+        } => (
+            EventType::Warning,
+            cause.as_str(),
+            format!("the listener retries in {retry_in:?}: {message}"),
+        ),
+        Health::Stopped => (
+            EventType::Normal,
+            "ListenerStopped",
+            "the listener stopped and deleted its message session".to_owned(),
+        ),
+    };
+    Event {
+        type_,
+        reason: reason.into(),
+        note: Some(crate::events::note(note)),
+        action: "Listen".into(),
+        secondary: None,
+    }
+}
+
+fn decision_event(decision: &super::DecisionReport) -> Event {
+    let mut note = format!(
+        "{} runners desired by {}: {}",
+        decision.desired, decision.policy, decision.reason
+    );
+    if let Some(fallback) = &decision.fallback_reason {
+        note.push_str(&format!(
+            " (the configured policy did not decide: {fallback})"
+        ));
+    }
+    Event {
+        type_: EventType::Normal,
+        reason: "ScalingDecision".into(),
+        note: Some(crate::events::note(note)),
+        action: "Scale".into(),
+        secondary: None,
+    }
+}
+
+fn policy_event(policy: &str, event: &PolicyEvent) -> Event {
+    let (type_, reason, note) = match event {
+        PolicyEvent::Loaded { sha256 } => (
+            EventType::Normal,
+            "PolicyLoaded",
+            format!("scaling policy {policy} loaded (sha256 {sha256})"),
+        ),
+        PolicyEvent::LoadFailed { reason, message } => (
+            EventType::Warning,
+            "PolicyLoadFailed",
+            format!("scaling policy {policy} not loaded ({reason}): {message}"),
+        ),
+        PolicyEvent::Fallback {
+            reason,
+            message,
+            fallback,
+        } => (
+            EventType::Warning,
+            "PolicyFallback",
+            format!("scaling policy {policy} failed ({reason}), {fallback} decided: {message}"),
+        ),
+        PolicyEvent::Clamped { requested, max } => (
+            EventType::Warning,
+            "PolicyClamped",
+            format!("scaling policy {policy} asked for {requested} runners; clamped to {max}"),
+        ),
+    };
+    Event {
+        type_,
+        reason: reason.into(),
+        note: Some(crate::events::note(note)),
+        action: "Scale".into(),
+        secondary: None,
+    }
+}
+
+/// The writer task: folds what is queued, writes it, repeats until the
+/// listener is gone. A failed write is logged and not retried: the next
+/// change writes the whole picture again, and the status is informative,
+/// not something any controller decides on.
+async fn write_statuses(
+    api: Api<AutoscalingRunnerSet>,
+    recorder: Recorder,
+    set: ObjectReference,
+    mut queue: mpsc::UnboundedReceiver<StatusUpdate>,
+) {
+    let name = set.name.clone().unwrap_or_default();
+    let recorder = Arc::new(recorder);
+    let mut batch = Batch::default();
+    while let Some(first) = queue.recv().await {
+        batch.add(first);
+        while let Ok(next) = queue.try_recv() {
+            batch.add(next);
+        }
+        let (status, events) = batch.take(Timestamp::now());
+        if status.as_object().is_some_and(|fields| !fields.is_empty()) {
+            let written = api
+                .patch_status(
+                    &name,
+                    &PatchParams::apply(FIELD_MANAGER),
+                    &Patch::Merge(json!({ "status": status })),
+                )
+                .await;
+            match written {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(error) => {
+                    tracing::warn!(scale_set = %name, "listener status not written: {error}");
+                }
+            }
+        }
+        for event in events {
+            if let Err(error) = recorder.publish(&event, &set).await {
+                tracing::debug!(scale_set = %name, "listener event not published: {error}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::listener::{Cause, DecisionReport};
+
+    fn decision(desired: u32, reason: &str) -> StatusUpdate {
+        StatusUpdate::Decision(DecisionReport {
+            desired,
+            reason: reason.into(),
+            policy: "builtin:default".into(),
+            fallback_reason: None,
+        })
+    }
+
+    #[test]
+    fn a_batch_writes_the_latest_health_and_decision_and_announces_each_new_answer() {
+        let mut batch = Batch::default();
+        batch.add(StatusUpdate::Health(Health::Retrying {
+            cause: Cause::SessionConflict,
+            message: "held elsewhere".into(),
+            retry_in: Duration::from_secs(2),
+        }));
+        batch.add(decision(3, "3 jobs assigned"));
+        batch.add(decision(3, "3 jobs assigned, 1 running"));
+        batch.add(decision(5, "5 jobs assigned"));
+        batch.add(StatusUpdate::Health(Health::Listening));
+        let now: Timestamp = "2026-12-01T08:00:00Z".parse().unwrap();
+        assert_eq!(
+            batch.status(now),
+            json!({
+                "listener": {"state": "Listening", "lastTransitionTime": "2026-12-01T08:00:00Z"},
+                "scaling": {"desiredRunners": 5, "reason": "5 jobs assigned",
+                            "policy": "builtin:default", "lastDecisionTime": "2026-12-01T08:00:00Z"},
+            })
+        );
+        let reasons =
+            |events: &[Event]| -> Vec<String> { events.iter().map(|e| e.reason.clone()).collect() };
+        let (_, events) = batch.take(now);
+        assert_eq!(
+            reasons(&events),
+            [
+                "SessionConflict",
+                "ScalingDecision",
+                "ScalingDecision",
+                "Listening"
+            ],
+            "a new reason for the same answer is status only"
+        );
+
+        batch.add(decision(5, "5 jobs assigned, 2 running"));
+        let (status, events) = batch.take(now);
+        assert_eq!(status["scaling"]["reason"], "5 jobs assigned, 2 running");
+        assert!(status.get("listener").is_none(), "only what changed");
+        assert!(events.is_empty(), "the answer was announced already");
+    }
+
+    #[test]
+    fn a_retrying_listener_shows_its_cause_and_error() {
+        let now: Timestamp = "2026-12-01T08:00:00Z".parse().unwrap();
+        let status = listener_status(
+            &Health::Retrying {
+                cause: Cause::ScaleSetNotFound,
+                message: "scale set 7 not found".into(),
+                retry_in: Duration::from_secs(8),
+            },
+            now,
+        );
+        assert_eq!(
+            (
+                status.state.as_str(),
+                status.reason.as_deref(),
+                status.message.as_deref()
+            ),
+            (
+                "Retrying",
+                Some("ScaleSetNotFound"),
+                Some("scale set 7 not found")
+            )
+        );
+    }
+
+    fn runner(phase: EphemeralRunnerPhase, job: bool, deleting: bool) -> EphemeralRunner {
+        let mut runner: EphemeralRunner = serde_json::from_value(json!({
+            "apiVersion": "arcwright.dev/v1alpha1", "kind": "EphemeralRunner",
+            "metadata": {"name": "r", "namespace": "ns"},
+            "spec": {"githubConfigUrl": "https://github.com/o", "githubConfigSecret": "s",
+                     "runnerScaleSetId": 1, "spec": {"containers": []}},
+        }))
+        .unwrap();
+        let mut status = crate::api::EphemeralRunnerStatus {
+            phase: Some(phase),
+            ..Default::default()
+        };
+        if job {
+            status.job_id = Some("j".into());
+        }
+        runner.status = Some(status);
+        if deleting {
+            runner.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        }
+        runner
+    }
+
+    #[test]
+    fn runners_are_counted_by_phase_busy_and_deleting() {
+        use EphemeralRunnerPhase::*;
+        let runners = [
+            runner(Pending, false, false),
+            runner(Running, false, false),
+            runner(Running, true, false),
+            runner(Running, true, true),
+            runner(Succeeded, false, false),
+            runner(Failed, false, false),
+            runner(Outdated, false, false),
+        ];
+        let counts = runners.iter().fold(RunnerCounts::default(), count);
+        assert_eq!(
+            counts,
+            RunnerCounts {
+                pending: 1,
+                running: 2,
+                busy: 1,
+                succeeded: 1,
+                failed: 1,
+                outdated: 1,
+                deleting: 1,
+            }
+        );
+    }
+}

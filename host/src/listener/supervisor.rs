@@ -1,0 +1,187 @@
+//! The production [`ListenerControl`]: one listener task per scale set, in
+//! this process.
+//!
+//! The AutoscalingRunnerSet controller decides that a listener must run
+//! with a configuration, or must not; the supervisor keeps exactly those
+//! tasks, each wired to the cluster ([`RunnerSetTarget`], [`RunnerJobs`],
+//! [`ScaleSetStatus`]). A listener gets its Actions client from the shared
+//! cache ([`ActionsClients`]), so a thousand scale sets under one GitHub App
+//! share its tokens and connections.
+//!
+//! Stopping is waited for: [`ListenerControl::stop`] returns once the task
+//! has deleted its message session, so the controller's deletion order
+//! (listener, runners, scale set) holds, and [`Supervisor::stop_all`] lets
+//! the process exit only after every session is gone.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use kube::Client;
+use kube::runtime::events::Recorder;
+use tokio_util::sync::CancellationToken;
+
+use super::cluster::{ClusterView, RunnerJobs, RunnerSetTarget, ScaleSetStatus};
+use super::{Backoff, ListenerHandle, ListenerSpec};
+use crate::controllers::autoscaling_runner_set::{ListenerConfig, ListenerControl, ListenerError};
+use crate::credentials::ActionsClients;
+use crate::policy::loader::PolicyLoader;
+use crate::policy::types::ScaleSet;
+
+type Key = (String, String);
+
+/// Runs the listeners the AutoscalingRunnerSet controller asks for.
+pub struct Supervisor {
+    kube: Client,
+    clients: ActionsClients,
+    loader: PolicyLoader,
+    view: ClusterView,
+    recorder: Recorder,
+    owner: String,
+    backoff: Backoff,
+    shutdown: CancellationToken,
+    running: Mutex<HashMap<Key, (ListenerConfig, ListenerHandle)>>,
+}
+
+impl Supervisor {
+    /// A supervisor whose listeners read the cluster through `view`, hold
+    /// their sessions as `owner` (the host's name, shown by the service),
+    /// and end when `shutdown` is cancelled.
+    pub fn new(
+        kube: Client,
+        clients: ActionsClients,
+        loader: PolicyLoader,
+        view: ClusterView,
+        owner: String,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self {
+            recorder: ScaleSetStatus::recorder(kube.clone()),
+            kube,
+            clients,
+            loader,
+            view,
+            owner,
+            backoff: Backoff::default(),
+            shutdown,
+            running: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Listeners wait this long after a failure at first (default 1 s, up
+    /// to a minute).
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// How many listeners run.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no listener runs.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Stops every listener and waits until each has deleted its session.
+    pub async fn stop_all(&self) {
+        let all: Vec<_> = self.lock().drain().collect();
+        for ((namespace, name), (_, handle)) in all {
+            finish(&namespace, &name, handle.stop().await);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, (ListenerConfig, ListenerHandle)>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn spec(&self, config: &ListenerConfig) -> ListenerSpec {
+        let max = config.max_runners.unwrap_or(i32::MAX);
+        ListenerSpec {
+            scale_set_id: config.scale_set_id,
+            scale_set: ScaleSet {
+                name: config.name.clone(),
+                namespace: config.namespace.clone(),
+                min_runners: u32::try_from(config.min_runners).unwrap_or(0),
+                max_runners: u32::try_from(max).unwrap_or(0),
+                labels: config.scale_set_labels.clone(),
+            },
+            owner: self.owner.clone(),
+            scaling_policy: config.scaling_policy.clone(),
+            backoff: self.backoff,
+        }
+    }
+}
+
+fn finish(namespace: &str, name: &str, ended: Result<(), super::ListenerError>) {
+    if let Err(error) = ended {
+        tracing::warn!(
+            namespace,
+            scale_set = name,
+            "the listener ended with an error: {error}"
+        );
+    }
+}
+
+impl ListenerControl for Supervisor {
+    fn running(&self, namespace: &str, name: &str) -> Option<ListenerConfig> {
+        self.lock()
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .filter(|(_, handle)| !handle.is_finished())
+            .map(|(config, _)| config.clone())
+    }
+
+    async fn ensure(&self, config: ListenerConfig) -> Result<(), ListenerError> {
+        let key = (config.namespace.clone(), config.name.clone());
+        let previous = {
+            let mut running = self.lock();
+            match running.get(&key) {
+                Some((current, handle)) if *current == config && !handle.is_finished() => {
+                    return Ok(());
+                }
+                _ => running.remove(&key),
+            }
+        };
+        if let Some((_, handle)) = previous {
+            finish(&key.0, &key.1, handle.stop().await);
+        }
+        let client = self
+            .clients
+            .get(&config.github)
+            .await
+            .map_err(|error| ListenerError {
+                namespace: config.namespace.clone(),
+                name: config.name.clone(),
+                message: error.to_string(),
+            })?;
+        let status = ScaleSetStatus::start(
+            self.kube.clone(),
+            self.recorder.clone(),
+            ScaleSetStatus::reference(&config.namespace, &config.name, config.uid.clone()),
+        );
+        let handle = super::spawn(
+            client,
+            self.loader.clone(),
+            self.spec(&config),
+            RunnerSetTarget::new(
+                self.kube.clone(),
+                self.view.clone(),
+                &config.namespace,
+                &config.runner_set_name,
+            ),
+            RunnerJobs::new(self.kube.clone(), &config.namespace),
+            status,
+            &self.shutdown,
+        );
+        self.lock().insert(key, (config, handle));
+        Ok(())
+    }
+
+    async fn stop(&self, namespace: &str, name: &str) {
+        let stopped = self.lock().remove(&(namespace.to_owned(), name.to_owned()));
+        if let Some((_, handle)) = stopped {
+            finish(namespace, name, handle.stop().await);
+        }
+    }
+}

@@ -1,0 +1,483 @@
+//! The whole controller in one process, as `arcwright run` wires it, against
+//! the real API server, the fake Actions service and the runner simulator:
+//! an AutoscalingRunnerSet is applied and jobs get runners.
+//!
+//! These tests run [`arcwright::runtime::wiring::components`] unchanged, so
+//! a controller missing from the wiring, or a seam between the listener and
+//! the EphemeralRunnerSet that does not hold, fails here.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arcwright::actions::{ClientOptions, RetryPolicy};
+use arcwright::api::{AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
+use arcwright::credentials::ActionsClients;
+use arcwright::runtime::options::RunOptions;
+use arcwright::runtime::{Runtime, RuntimeError, Shared, wiring};
+use arcwright_harness::TestEnv;
+use clap::Parser;
+use fake_actions::{FakeActions, FakeConfig, JobSpec, Ledger};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use runner_simulator::{Simulator, SimulatorConfig};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// `arcwright run`'s flags.
+#[derive(Parser)]
+struct Run {
+    #[command(flatten)]
+    options: RunOptions,
+}
+const NAME: &str = "linux";
+
+/// A namespace with the CRDs and the GitHub Secret, the fake, the
+/// simulator, and the host running every component.
+struct World {
+    env: TestEnv,
+    fake: FakeActions,
+    _sim: Simulator,
+    stop: CancellationToken,
+    host: Option<JoinHandle<Result<(), RuntimeError>>>,
+    /// The host's `/healthz`, `/readyz` and `/metrics`.
+    base: String,
+}
+
+impl World {
+    async fn new(name: &str) -> Self {
+        let env = TestEnv::new(name).await;
+        common::install_crds(env.client()).await;
+        let fake = FakeActions::start(FakeConfig::default()).await.unwrap();
+        common::github_secret(env.client(), env.namespace(), fake.pat()).await;
+        let sim = Simulator::start(
+            env.client(),
+            fake.url(),
+            SimulatorConfig::namespaced(env.namespace()),
+        )
+        .unwrap();
+        let mut world = World {
+            env,
+            fake,
+            _sim: sim,
+            stop: CancellationToken::new(),
+            host: None,
+            base: String::new(),
+        };
+        world.start_host().await;
+        world
+    }
+
+    /// Starts the host as `arcwright run --namespace <ns>` would, with an
+    /// Actions client that retries quickly.
+    async fn start_host(&mut self) {
+        let options = Run::parse_from([
+            "run",
+            "--namespace",
+            self.env.namespace(),
+            "--listen-address",
+            "127.0.0.1:0",
+        ])
+        .options;
+        let mut shared = Shared::new(self.env.client(), &options).unwrap();
+        let fast = ClientOptions {
+            timeout: Duration::from_secs(5),
+            retry: RetryPolicy {
+                max_retries: 3,
+                base_delay: Duration::from_millis(10),
+                max_delay: Duration::from_millis(100),
+                max_retry_after: Duration::from_secs(2),
+            },
+            ..ClientOptions::default()
+        };
+        shared.clients = ActionsClients::new(self.env.client(), fast.clone());
+        shared.actions = fast;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        self.base = format!("http://{}", listener.local_addr().unwrap());
+        self.stop = CancellationToken::new();
+        let stop = self.stop.clone();
+        self.host = Some(tokio::spawn(
+            Runtime::new(shared, listener, Duration::from_secs(30))
+                .components(wiring::components())
+                .run_until(async move { stop.cancelled().await }),
+        ));
+    }
+
+    /// Stops the host as SIGTERM does, and waits for a clean exit.
+    async fn stop_host(&mut self) {
+        self.stop.cancel();
+        let host = self.host.take().expect("the host runs");
+        tokio::time::timeout(WAIT, host)
+            .await
+            .expect("the host shuts down within the bound")
+            .unwrap()
+            .expect("the host shuts down cleanly");
+    }
+
+    /// Waits until `/readyz` says the host is ready.
+    async fn ready(&self) {
+        let http = reqwest::Client::new();
+        let url = format!("{}/readyz", self.base);
+        self.until("the host is ready", || async {
+            let response = http.get(&url).send().await.ok()?;
+            (response.status() == 200).then_some(())
+        })
+        .await;
+    }
+
+    fn sets(&self) -> Api<AutoscalingRunnerSet> {
+        Api::namespaced(self.env.client(), self.env.namespace())
+    }
+
+    fn runner_sets(&self) -> Api<EphemeralRunnerSet> {
+        Api::namespaced(self.env.client(), self.env.namespace())
+    }
+
+    fn runners(&self) -> Api<EphemeralRunner> {
+        Api::namespaced(self.env.client(), self.env.namespace())
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.env.client(), self.env.namespace())
+    }
+
+    async fn create_set(&self, min: i32, max: i32) {
+        let set: AutoscalingRunnerSet = serde_json::from_value(json!({
+            "apiVersion": "arcwright.dev/v1alpha1",
+            "kind": "AutoscalingRunnerSet",
+            "metadata": {"name": NAME},
+            "spec": {
+                "githubConfigUrl": self.fake.org_url("octo"),
+                "githubConfigSecret": "github-auth",
+                "minRunners": min,
+                "maxRunners": max,
+                "template": {"spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "runner", "image": "ghcr.io/actions/actions-runner:2.330.0"}],
+                }},
+            },
+        }))
+        .unwrap();
+        self.sets()
+            .create(&PostParams::default(), &set)
+            .await
+            .unwrap();
+    }
+
+    /// Polls `probe` until it answers.
+    async fn until<T, Fut>(&self, what: &str, mut probe: impl FnMut() -> Fut) -> T
+    where
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Some(found) = probe().await {
+                return found;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never: {what}\nledger: {:?}",
+                self.ledger()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn set_until(
+        &self,
+        what: &str,
+        done: impl Fn(&AutoscalingRunnerSet) -> bool,
+    ) -> AutoscalingRunnerSet {
+        self.until(what, || async {
+            self.sets().get_opt(NAME).await.unwrap().filter(|s| done(s))
+        })
+        .await
+    }
+
+    /// Waits until the set has exactly `count` runners, none being deleted,
+    /// and as many pods.
+    async fn settled_at(&self, count: usize) {
+        self.until(&format!("settled at {count} runners"), || async {
+            let runners = self.runners().list(&ListParams::default()).await.unwrap();
+            let pods = self.pods().list(&ListParams::default()).await.unwrap();
+            let steady = runners.items.len() == count
+                && runners
+                    .items
+                    .iter()
+                    .all(|r| r.metadata.deletion_timestamp.is_none())
+                && pods.items.len() == count;
+            steady.then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until the scale set's listener says it listens; the set.
+    async fn listening(&self) -> AutoscalingRunnerSet {
+        self.set_until("the listener listens", |set| {
+            set.status
+                .as_ref()
+                .and_then(|s| s.listener.as_ref())
+                .is_some_and(|l| l.state == "Listening")
+        })
+        .await
+    }
+
+    /// Enqueues `count` jobs for the scale set and waits until all
+    /// succeeded.
+    async fn run_jobs(&self, count: u32, lasting: Duration) {
+        let control = self.fake.control();
+        let before = control.ledger().jobs_succeeded;
+        control.enqueue_jobs(JobSpec::new(count, &[NAME]).lasting(lasting));
+        control
+            .wait_until(WAIT, |s| {
+                s.ledger.jobs_succeeded == before + u64::from(count)
+            })
+            .await
+            .unwrap_or_else(|s| panic!("the jobs did not all run: {:?}", s.ledger));
+    }
+
+    fn ledger(&self) -> Ledger {
+        self.fake.control().ledger()
+    }
+
+    fn scale_set_id(set: &AutoscalingRunnerSet) -> u64 {
+        let id = set.status.as_ref().and_then(|s| s.runner_scale_set_id);
+        u64::try_from(id.expect("registered")).unwrap()
+    }
+
+    async fn event_reasons(&self) -> BTreeSet<String> {
+        let events: Api<Event> = Api::namespaced(self.env.client(), self.env.namespace());
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.kind.as_deref() == Some("AutoscalingRunnerSet"))
+            .filter_map(|e| e.reason)
+            .collect()
+    }
+
+    /// Records every `(replicas, patchID)` the EphemeralRunnerSet holds.
+    fn record_decisions(&self) -> Arc<Mutex<Vec<(i32, i32)>>> {
+        let decisions = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&decisions);
+        let stream =
+            watcher::watcher(self.runner_sets(), watcher::Config::default()).applied_objects();
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream.take_until(stop.cancelled_owned()));
+            while let Some(Ok(set)) = stream.next().await {
+                seen.lock()
+                    .unwrap()
+                    .push((set.spec.replicas, set.spec.patch_id));
+            }
+        });
+        decisions
+    }
+
+    /// Records the name of every runner seen with a job on its status.
+    fn record_busy_runners(&self) -> Arc<Mutex<BTreeSet<String>>> {
+        let busy = Arc::new(Mutex::new(BTreeSet::new()));
+        let seen = Arc::clone(&busy);
+        let stream = watcher::watcher(self.runners(), watcher::Config::default()).applied_objects();
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream.take_until(stop.cancelled_owned()));
+            while let Some(Ok(runner)) = stream.next().await {
+                let status = runner.status.unwrap_or_default();
+                if status.job_id.is_some() && status.job_repository_name.is_some() {
+                    seen.lock()
+                        .unwrap()
+                        .insert(runner.metadata.name.unwrap_or_default());
+                }
+            }
+        });
+        busy
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// After a scenario: no registration is left that belongs to no live
+/// runner, and no job was cancelled under a runner.
+fn assert_nothing_leaked(ledger: &Ledger, live_runners: u64) {
+    assert_eq!(
+        ledger.still_registered, live_runners,
+        "registrations left behind: {ledger:?}"
+    );
+    assert_eq!(
+        ledger.jobs_cancelled_runner_vanished, 0,
+        "a job lost its runner: {ledger:?}"
+    );
+    assert_eq!(ledger.jobs_cancelled, 0, "{ledger:?}");
+}
+
+#[tokio::test]
+async fn a_burst_gets_runners_up_to_max_and_the_set_returns_to_zero() {
+    let world = World::new("scale-set-burst").await;
+    world.ready().await;
+    world.create_set(0, 3).await;
+    let set = world.listening().await;
+    let id = World::scale_set_id(&set);
+    assert!(world.fake.control().has_session(id));
+    let busy = world.record_busy_runners();
+    let decisions = world.record_decisions();
+
+    world.run_jobs(6, Duration::from_millis(500)).await;
+    {
+        let decisions = decisions.lock().unwrap();
+        assert!(
+            decisions
+                .iter()
+                .any(|&(replicas, id)| replicas == 3 && id != 0),
+            "a scale-up to maxRunners, naming its decision: {decisions:?}"
+        );
+        assert!(
+            decisions.iter().all(|&(replicas, _)| replicas <= 3),
+            "never above maxRunners: {decisions:?}"
+        );
+    }
+
+    // Back to zero: the decision settles at 0 with patch id 0, and the set
+    // removes what is left.
+    world
+        .until("the set scaled back to zero", || async {
+            world
+                .runner_sets()
+                .get_opt(NAME)
+                .await
+                .unwrap()
+                .filter(|s| s.spec.replicas == 0 && s.spec.patch_id == 0)
+        })
+        .await;
+    world.settled_at(0).await;
+    let set = world
+        .set_until("the decision is on the status", |set| {
+            set.status
+                .as_ref()
+                .and_then(|s| s.scaling.as_ref())
+                .is_some_and(|s| s.desired_runners == 0 && s.policy == "builtin:default")
+        })
+        .await;
+    assert!(
+        !set.status.unwrap().scaling.unwrap().reason.is_empty(),
+        "the policy says why"
+    );
+    let reasons = world.event_reasons().await;
+    assert!(reasons.contains("ScalingDecision"), "{reasons:?}");
+
+    // Every job was recorded on the runner that ran it, which is what
+    // keeps a busy runner from being scaled down.
+    assert_eq!(busy.lock().unwrap().len(), 6, "{busy:?}");
+    let ledger = world.ledger();
+    // Each job's runner deregistered itself; a runner created for demand
+    // that was gone by the time it came up is removed by the host.
+    assert_eq!(ledger.self_deregistered, 6, "{ledger:?}");
+    assert_eq!(
+        ledger.runners_created - 6,
+        ledger.removed_by_api,
+        "{ledger:?}"
+    );
+    assert_nothing_leaked(&ledger, 0);
+}
+
+#[tokio::test]
+async fn a_warm_pool_of_min_runners_is_kept_through_a_burst() {
+    let world = World::new("scale-set-warm").await;
+    world.create_set(2, 4).await;
+    world.settled_at(2).await;
+    world
+        .until("both warm runners registered", || async {
+            (world.ledger().still_registered == 2).then_some(())
+        })
+        .await;
+
+    world.run_jobs(5, Duration::from_millis(300)).await;
+    world.settled_at(2).await;
+    world
+        .until("the two warm runners registered again", || async {
+            (world.ledger().still_registered == 2).then_some(())
+        })
+        .await;
+    assert_nothing_leaked(&world.ledger(), 2);
+}
+
+#[tokio::test]
+async fn shutdown_deletes_the_message_session_and_a_new_host_takes_over() {
+    let mut world = World::new("scale-set-shutdown").await;
+    world.create_set(0, 2).await;
+    let set = world.listening().await;
+    let id = World::scale_set_id(&set);
+    assert!(world.fake.control().has_session(id));
+
+    world.stop_host().await;
+    assert!(
+        !world.fake.control().has_session(id),
+        "the session was deleted on the way out"
+    );
+
+    // A restarted host holds the session at once and runs jobs.
+    world.start_host().await;
+    world
+        .until("the new host holds the session", || async {
+            world.fake.control().has_session(id).then_some(())
+        })
+        .await;
+    world.run_jobs(2, Duration::from_millis(200)).await;
+    world.settled_at(0).await;
+    assert_nothing_leaked(&world.ledger(), 0);
+    world.stop_host().await;
+}
+
+#[tokio::test]
+async fn deleting_the_scale_set_removes_runners_registrations_and_the_scale_set() {
+    let world = World::new("scale-set-delete").await;
+    world.create_set(2, 2).await;
+    world.settled_at(2).await;
+    let set = world
+        .set_until("registered", |set| {
+            set.status
+                .as_ref()
+                .is_some_and(|s| s.runner_scale_set_id.is_some())
+        })
+        .await;
+    let id = World::scale_set_id(&set);
+
+    world
+        .sets()
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+    world
+        .until("the set is gone", || async {
+            world
+                .sets()
+                .get_opt(NAME)
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    world.settled_at(0).await;
+    let control = world.fake.control();
+    assert!(!control.has_session(id), "the listener stopped first");
+    assert!(
+        control.scale_sets().iter().all(|s| s.id != id),
+        "the scale set is deleted in the service"
+    );
+    assert_nothing_leaked(&world.ledger(), 0);
+}
