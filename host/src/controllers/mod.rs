@@ -6,6 +6,7 @@ pub mod autoscaling_runner_set;
 pub mod ephemeral_runner;
 pub mod ephemeral_runner_set;
 pub mod metrics;
+pub mod projection;
 
 use std::sync::Arc;
 

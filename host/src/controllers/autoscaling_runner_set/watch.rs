@@ -10,9 +10,7 @@
 //! reconciler reads, deletions are always delivered, and the primary watch
 //! on AutoscalingRunnerSets is not filtered at all.
 
-use std::collections::HashMap;
-
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use kube::Resource;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
@@ -53,77 +51,20 @@ pub fn runner_set_projection(set: &EphemeralRunnerSet) -> Value {
     })
 }
 
-/// Remembers the last projection delivered per object.
-#[derive(Default)]
-pub struct ProjectionFilter {
-    seen: HashMap<String, Value>,
-}
-
-impl ProjectionFilter {
-    /// Whether `event` should wake the owner: a change of the projection, a
-    /// first sight, or a deletion (which also forgets the object).
-    pub fn admit(&mut self, event: &watcher::Event<EphemeralRunnerSet>) -> bool {
-        match event {
-            watcher::Event::Apply(set) | watcher::Event::InitApply(set) => {
-                let key = set.meta().uid.clone().unwrap_or_default();
-                let projection = runner_set_projection(set);
-                if self.seen.get(&key) == Some(&projection) {
-                    return false;
-                }
-                self.seen.insert(key, projection);
-                true
-            }
-            watcher::Event::Delete(set) => {
-                self.seen
-                    .remove(&set.meta().uid.clone().unwrap_or_default());
-                true
-            }
-            watcher::Event::Init | watcher::Event::InitDone => true,
-        }
-    }
-}
-
 /// The EphemeralRunnerSets that should wake their owner, from a watcher's
 /// events; `judged` hears, for each update of an object, whether it passed.
 pub fn filtered(
     events: impl Stream<Item = Result<watcher::Event<EphemeralRunnerSet>, watcher::Error>>,
     judged: impl Fn(bool) + Send + 'static,
 ) -> impl Stream<Item = Result<EphemeralRunnerSet, watcher::Error>> {
-    let mut filter = ProjectionFilter::default();
-    events
-        .filter_map(move |event| {
-            let keep = match &event {
-                Ok(event) => {
-                    let keep = filter.admit(event);
-                    if matches!(
-                        event,
-                        watcher::Event::Apply(_)
-                            | watcher::Event::InitApply(_)
-                            | watcher::Event::Delete(_)
-                    ) {
-                        judged(keep);
-                    }
-                    keep
-                }
-                Err(_) => true,
-            };
-            futures::future::ready(keep.then_some(event))
-        })
-        .flat_map(|event| {
-            futures::stream::iter(match event {
-                Ok(watcher::Event::Apply(set))
-                | Ok(watcher::Event::InitApply(set))
-                | Ok(watcher::Event::Delete(set)) => vec![Ok(set)],
-                Ok(_) => Vec::new(),
-                Err(error) => vec![Err(error)],
-            })
-        })
+    crate::controllers::projection::filtered(events, runner_set_projection, judged)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::EphemeralRunnerSetStatus;
+    use crate::controllers::projection::ProjectionFilter;
 
     fn set() -> EphemeralRunnerSet {
         let mut set: EphemeralRunnerSet = serde_json::from_value(json!({
@@ -201,7 +142,7 @@ mod tests {
             ),
         ];
         for (name, change, admitted) in cases {
-            let mut filter = ProjectionFilter::default();
+            let mut filter = ProjectionFilter::new(runner_set_projection);
             assert!(
                 filter.admit(&watcher::Event::Apply(set())),
                 "first sight passes"
@@ -220,7 +161,7 @@ mod tests {
     fn replicas_of_an_outdated_set_pass_because_the_owner_pins_them() {
         let mut outdated = set();
         outdated.status.as_mut().unwrap().phase = Some(EphemeralRunnerSetPhase::Outdated);
-        let mut filter = ProjectionFilter::default();
+        let mut filter = ProjectionFilter::new(runner_set_projection);
         assert!(filter.admit(&watcher::Event::Apply(outdated.clone())));
         outdated.spec.replicas = 0;
         outdated.spec.patch_id = 0;
@@ -229,7 +170,7 @@ mod tests {
 
     #[test]
     fn deletions_always_pass() {
-        let mut filter = ProjectionFilter::default();
+        let mut filter = ProjectionFilter::new(runner_set_projection);
         assert!(filter.admit(&watcher::Event::Apply(set())));
         assert!(filter.admit(&watcher::Event::Delete(set())));
         assert!(

@@ -321,8 +321,16 @@ pub async fn run(
                 .reflect(writer),
         )
         .applied_objects();
+    // A runner pod's status moves with every probe and pull; the runner is
+    // woken only when what its plan reads of the pod changed (seed 004).
+    let metrics = ctx.deps.metrics.clone();
+    let pods = crate::controllers::projection::filtered(
+        watcher::watcher(pods, owned.clone()).default_backoff(),
+        observe::pod_view,
+        move |delivered| metrics.owned_update(CONTROLLER, delivered),
+    );
     Controller::for_stream(listed, reader)
-        .owns(pods, owned.clone())
+        .owns_stream(pods)
         .owns(secrets, owned)
         .reconcile_on(woken)
         .with_config(controller::Config::default().concurrency(config.concurrency))

@@ -25,7 +25,8 @@ fn owned_by<K: Resource>(object: &K, runner: &EphemeralRunner) -> bool {
         .any(|o| Some(o.uid.as_str()) == uid)
 }
 
-/// The pod as the plan sees it.
+/// The pod as the plan sees it; also the projection the pod watch filters
+/// on, so the watch drops exactly the updates the plan cannot see.
 pub(super) fn pod_view(pod: &Pod) -> PodView {
     let status = pod.status.clone().unwrap_or_default();
     let runner = status
@@ -172,4 +173,112 @@ pub(super) async fn observe_and_plan(
         steps: Vec::new(),
         requeue: Some(ctx.config.error_retry),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+
+    use super::*;
+    use crate::controllers::projection::ProjectionFilter;
+
+    fn pod() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "r", "namespace": "ns", "uid": "u1",
+                         "creationTimestamp": "2026-12-01T08:00:00Z", "resourceVersion": "1"},
+            "spec": {"containers": [{"name": "runner", "image": "runner"}]},
+            "status": {"phase": "Pending"},
+        }))
+        .unwrap()
+    }
+
+    fn with_status(status: serde_json::Value) -> Pod {
+        let mut pod = pod();
+        pod.status = Some(serde_json::from_value(status).unwrap());
+        pod
+    }
+
+    #[test]
+    fn the_pod_watch_passes_exactly_what_the_plan_reads() {
+        type Case = (&'static str, fn() -> Pod, bool);
+        let cases: [Case; 8] = [
+            (
+                "a new resource version",
+                || {
+                    let mut p = pod();
+                    p.metadata.resource_version = Some("2".into());
+                    p
+                },
+                false,
+            ),
+            (
+                "bound to a node",
+                || {
+                    let mut p = pod();
+                    p.spec.as_mut().unwrap().node_name = Some("node".into());
+                    p
+                },
+                false,
+            ),
+            (
+                "an IP and a start time",
+                || {
+                    with_status(json!({"phase": "Pending", "podIP": "10.0.0.1",
+                                      "startTime": "2026-12-01T08:00:01Z"}))
+                },
+                false,
+            ),
+            (
+                "scheduled",
+                || {
+                    with_status(json!({"phase": "Pending",
+                    "conditions": [{"type": "PodScheduled", "status": "True"}]}))
+                },
+                false,
+            ),
+            (
+                "ready",
+                || {
+                    with_status(json!({"phase": "Running",
+                    "conditions": [{"type": "Ready", "status": "True"}]}))
+                },
+                true,
+            ),
+            (
+                "the runner container started",
+                || {
+                    with_status(json!({"phase": "Pending", "containerStatuses": [
+                    {"name": "runner", "ready": false, "restartCount": 0, "image": "runner",
+                     "imageID": "", "state": {"running": {}}}]}))
+                },
+                true,
+            ),
+            (
+                "being deleted",
+                || {
+                    let mut p = pod();
+                    p.metadata.deletion_timestamp =
+                        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                            "2026-12-01T08:05:00Z".parse().unwrap(),
+                        ));
+                    p
+                },
+                true,
+            ),
+            (
+                "evicted",
+                || {
+                    with_status(json!({"phase": "Failed", "reason": "Evicted",
+                                      "message": "the node ran out of memory"}))
+                },
+                true,
+            ),
+        ];
+        for (name, change, delivered) in cases {
+            let mut filter = ProjectionFilter::new(pod_view);
+            assert!(filter.admit(&Event::Apply(pod())), "first sight passes");
+            assert_eq!(filter.admit(&Event::Apply(change())), delivered, "{name}");
+        }
+    }
 }
