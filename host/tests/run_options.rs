@@ -7,8 +7,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use arcwright::runtime::options::{
-    ControllerOptions, HttpOptions, KubeOptions, KubeSource, RunOptions, ShutdownOptions,
-    WatchOptions, WatchScope,
+    ControllerOptions, ElectionOptions, HttpOptions, KubeOptions, KubeSource, RunOptions,
+    ShutdownOptions, WatchOptions, WatchScope,
 };
 use arcwright::telemetry::{LogFormat, LogOptions};
 use clap::Parser;
@@ -30,6 +30,10 @@ const VARS: &[&str] = &[
     "ARCWRIGHT_RECONCILE_CONCURRENCY",
     "ARCWRIGHT_UNREGISTRATION_WORKERS",
     "ARCWRIGHT_SHUTDOWN_TIMEOUT",
+    "ARCWRIGHT_LEADER_ELECT",
+    "ARCWRIGHT_LEADER_ELECTION_NAMESPACE",
+    "ARCWRIGHT_LEADER_ELECTION_LEASE",
+    "ARCWRIGHT_LEASE_DURATION",
 ];
 
 /// Parses `args` with exactly the `env` variables of ours set.
@@ -81,6 +85,12 @@ fn expected() -> RunOptions {
         shutdown: ShutdownOptions {
             shutdown_timeout: Duration::from_secs(90),
         },
+        election: ElectionOptions {
+            leader_elect: true,
+            leader_election_namespace: Some("arcwright-system".into()),
+            leader_election_lease: "ci-controller".into(),
+            lease_duration: Duration::from_secs(20),
+        },
     }
 }
 
@@ -106,6 +116,13 @@ fn every_flag_is_read() {
             "12",
             "--shutdown-timeout",
             "1m30s",
+            "--leader-elect",
+            "--leader-election-namespace",
+            "arcwright-system",
+            "--leader-election-lease",
+            "ci-controller",
+            "--lease-duration",
+            "20s",
         ],
         &[],
     )
@@ -126,6 +143,10 @@ fn every_flag_falls_back_to_its_environment_variable() {
             ("ARCWRIGHT_RECONCILE_CONCURRENCY", "32"),
             ("ARCWRIGHT_UNREGISTRATION_WORKERS", "12"),
             ("ARCWRIGHT_SHUTDOWN_TIMEOUT", "90s"),
+            ("ARCWRIGHT_LEADER_ELECT", "true"),
+            ("ARCWRIGHT_LEADER_ELECTION_NAMESPACE", "arcwright-system"),
+            ("ARCWRIGHT_LEADER_ELECTION_LEASE", "ci-controller"),
+            ("ARCWRIGHT_LEASE_DURATION", "20s"),
         ],
     )
     .unwrap();

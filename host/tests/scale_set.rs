@@ -15,11 +15,12 @@ use std::time::Duration;
 use arcwright::actions::{ClientOptions, RetryPolicy};
 use arcwright::api::{AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
 use arcwright::credentials::ActionsClients;
+use arcwright::runtime::leader::Election;
 use arcwright::runtime::options::RunOptions;
 use arcwright::runtime::{Runtime, RuntimeError, Shared, wiring};
 use arcwright_harness::TestEnv;
 use clap::Parser;
-use fake_actions::{FakeActions, FakeConfig, JobSpec, Ledger};
+use fake_actions::{Endpoint, FakeActions, FakeConfig, JobSpec, Ledger};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -50,10 +51,23 @@ struct World {
     host: Option<JoinHandle<Result<(), RuntimeError>>>,
     /// The host's `/healthz`, `/readyz` and `/metrics`.
     base: String,
+    /// Whether hosts campaign for leadership.
+    elect: bool,
+}
+
+/// A host started beside the world's own.
+struct Host {
+    stop: CancellationToken,
+    task: JoinHandle<Result<(), RuntimeError>>,
+    base: String,
 }
 
 impl World {
     async fn new(name: &str) -> Self {
+        Self::with_election(name, false).await
+    }
+
+    async fn with_election(name: &str, elect: bool) -> Self {
         let env = TestEnv::new(name).await;
         common::install_crds(env.client()).await;
         let fake = FakeActions::start(FakeConfig::default()).await.unwrap();
@@ -71,6 +85,7 @@ impl World {
             stop: CancellationToken::new(),
             host: None,
             base: String::new(),
+            elect,
         };
         world.start_host().await;
         world
@@ -79,6 +94,15 @@ impl World {
     /// Starts the host as `arcwright run --namespace <ns>` would, with an
     /// Actions client that retries quickly.
     async fn start_host(&mut self) {
+        let host = self.spawn_host(self.elect).await;
+        self.stop = host.stop;
+        self.host = Some(host.task);
+        self.base = host.base;
+    }
+
+    /// A host of its own; with `elect`, it campaigns for a Lease in the
+    /// test namespace (3 s long) as `--leader-elect` makes it.
+    async fn spawn_host(&self, elect: bool) -> Host {
         let options = Run::parse_from([
             "run",
             "--namespace",
@@ -100,15 +124,23 @@ impl World {
         };
         shared.clients = ActionsClients::new(self.env.client(), fast.clone());
         shared.actions = fast;
+        let election = elect.then(|| Election {
+            namespace: self.env.namespace().to_string(),
+            lease: "arcwright-controller".into(),
+            identity: format!("host-{:08x}", rand::random::<u32>()),
+            duration: Duration::from_secs(3),
+        });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        self.base = format!("http://{}", listener.local_addr().unwrap());
-        self.stop = CancellationToken::new();
-        let stop = self.stop.clone();
-        self.host = Some(tokio::spawn(
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let stop = CancellationToken::new();
+        let signal = stop.clone();
+        let task = tokio::spawn(
             Runtime::new(shared, listener, Duration::from_secs(30))
+                .with_election(election)
                 .components(wiring::components())
-                .run_until(async move { stop.cancelled().await }),
-        ));
+                .run_until(async move { signal.cancelled().await }),
+        );
+        Host { stop, task, base }
     }
 
     /// Stops the host as SIGTERM does, and waits for a clean exit.
@@ -124,8 +156,13 @@ impl World {
 
     /// Waits until `/readyz` says the host is ready.
     async fn ready(&self) {
+        self.ready_at(&self.base).await;
+    }
+
+    /// Waits until the `/readyz` of the host at `base` says it is ready.
+    async fn ready_at(&self, base: &str) {
         let http = reqwest::Client::new();
-        let url = format!("{}/readyz", self.base);
+        let url = format!("{base}/readyz");
         self.until("the host is ready", || async {
             let response = http.get(&url).send().await.ok()?;
             (response.status() == 200).then_some(())
@@ -480,4 +517,43 @@ async fn deleting_the_scale_set_removes_runners_registrations_and_the_scale_set(
         "the scale set is deleted in the service"
     );
     assert_nothing_leaked(&world.ledger(), 0);
+}
+
+#[tokio::test]
+async fn only_the_leader_listens_and_a_standby_takes_over_when_it_leaves() {
+    let mut world = World::with_election("scale-set-leader", true).await;
+    world.ready().await;
+    world.create_set(0, 2).await;
+    let set = world.listening().await;
+    let id = World::scale_set_id(&set);
+
+    // A second replica: healthy, ready, and quiet while the first leads.
+    let standby = world.spawn_host(true).await;
+    world.ready_at(&standby.base).await;
+    let control = world.fake.control();
+    assert_eq!(
+        control.counters().calls(Endpoint::CreateSession),
+        1,
+        "only the leader opened a session"
+    );
+
+    // The leader leaves: it deletes its session and releases the Lease, so
+    // the standby takes over without waiting for either to expire.
+    world.stop_host().await;
+    world
+        .until("the standby holds the session", || async {
+            control.has_session(id).then_some(())
+        })
+        .await;
+    assert_eq!(control.counters().calls(Endpoint::CreateSession), 2);
+    world.run_jobs(3, Duration::from_millis(200)).await;
+    world.settled_at(0).await;
+    assert_nothing_leaked(&world.ledger(), 0);
+
+    standby.stop.cancel();
+    tokio::time::timeout(WAIT, standby.task)
+        .await
+        .expect("the standby shuts down")
+        .unwrap()
+        .expect("cleanly");
 }

@@ -28,10 +28,12 @@
 //! that returns `Ok` early has simply finished (a warm-up), and the rest
 //! go on.
 //!
-//! Leader election is not here yet: when it comes it will be one more
-//! thing the context carries (a token cancelled when leadership is lost),
-//! so components that must run on the leader only can wait for it.
+//! With `--leader-elect`, components that must run on one replica only
+//! (the controllers and the listeners, [`Component::leader_only`]) start
+//! once this replica holds the Lease; losing it stops the process
+//! ([`leader`]).
 
+pub mod leader;
 pub mod metrics;
 pub mod options;
 pub mod readiness;
@@ -120,6 +122,13 @@ pub enum RuntimeError {
         /// The component.
         name: &'static str,
     },
+    /// Leader election could not start (the Lease cannot be read or
+    /// created).
+    #[error("leader election cannot start: {0}")]
+    Election(#[source] kube_lease_manager::LeaseManagerError),
+    /// Another replica took the Lease while this one led.
+    #[error("leadership was lost; restarting as a standby")]
+    LeadershipLost,
     /// Components were still running when the shutdown bound ran out; they
     /// were abandoned.
     #[error("still running {timeout:?} after shutdown began: {}", .still_running.join(", "))]
@@ -171,6 +180,7 @@ type Start = Box<dyn FnOnce(Context) -> BoxFuture<'static, Result<(), BoxError>>
 pub struct Component {
     name: &'static str,
     start: Start,
+    leader_only: bool,
 }
 
 impl Component {
@@ -188,7 +198,17 @@ impl Component {
                 let future = start(ctx);
                 Box::pin(async move { future.await.map_err(Into::into) })
             }),
+            leader_only: false,
         }
+    }
+
+    /// Runs only on the elected leader when leader election is on: started
+    /// once this replica holds the Lease. Its readiness gate is open while
+    /// it waits (a standby is healthy), closed from when it starts until it
+    /// opens it again.
+    pub fn leader_only(mut self) -> Self {
+        self.leader_only = true;
+        self
     }
 
     /// The component's name.
@@ -299,7 +319,19 @@ pub fn run(options: RunOptions) -> Result<(), RuntimeError> {
             let listener = TcpListener::bind(address)
                 .await
                 .map_err(|source| RuntimeError::Bind { address, source })?;
+            let election = options.election.leader_elect.then(|| leader::Election {
+                namespace: options
+                    .election
+                    .leader_election_namespace
+                    .clone()
+                    .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                    .unwrap_or_else(|| "default".to_owned()),
+                lease: options.election.leader_election_lease.clone(),
+                identity: format!("{}-{:08x}", shared.owner, rand::random::<u32>()),
+                duration: options.election.lease_duration,
+            });
             Runtime::new(shared, listener, options.shutdown.shutdown_timeout)
+                .with_election(election)
                 .components(wiring::components())
                 .run_until(signal)
                 .await
@@ -328,6 +360,7 @@ pub struct Runtime {
     listener: TcpListener,
     shutdown_timeout: Duration,
     components: Vec<Component>,
+    election: Option<leader::Election>,
 }
 
 impl Runtime {
@@ -341,7 +374,15 @@ impl Runtime {
             listener,
             shutdown_timeout,
             components: Vec::new(),
+            election: None,
         }
+    }
+
+    /// Campaigns for `election`'s Lease; leader-only components wait for it.
+    /// `None` (the default) leads alone.
+    pub fn with_election(mut self, election: Option<leader::Election>) -> Self {
+        self.election = election;
+        self
     }
 
     /// Adds components, started in this order.
@@ -358,7 +399,17 @@ impl Runtime {
             listener,
             shutdown_timeout,
             components,
+            election,
         } = self;
+        let mut leadership = match election {
+            Some(election) => Some(
+                election
+                    .start(shared.client.clone())
+                    .await
+                    .map_err(RuntimeError::Election)?,
+            ),
+            None => None,
+        };
         let readiness = Readiness::default();
         let address = listener.local_addr().map_err(RuntimeError::Serve)?;
         let stop_serving = CancellationToken::new();
@@ -375,14 +426,23 @@ impl Runtime {
         let root = CancellationToken::new();
         let mut tasks = JoinSet::new();
         let mut names = HashMap::new();
-        for Component { name, start } in components {
+        for Component {
+            name,
+            start,
+            leader_only,
+        } in components
+        {
             let ctx = Context {
                 name,
                 shared: shared.clone(),
                 shutdown: root.clone(),
                 ready: readiness.gate(name),
             };
-            let handle = tasks.spawn(start(ctx));
+            let future = match (&leadership, leader_only) {
+                (Some(leadership), true) => on_leadership(leadership.subscribe(), ctx, start),
+                _ => start(ctx),
+            };
+            let handle = tasks.spawn(future);
             names.insert(handle.id(), name);
             tracing::info!(component = name, "started");
         }
@@ -394,6 +454,17 @@ impl Runtime {
         loop {
             tokio::select! {
                 () = &mut signal => break,
+                () = async {
+                    match leadership.as_mut() {
+                        Some(leadership) => leadership.lost().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let error = RuntimeError::LeadershipLost;
+                    tracing::error!("{error}; shutting down");
+                    failure = Some(error);
+                    break;
+                }
                 Some(joined) = tasks.join_next_with_id() => {
                     if let Some(error) = finished(&mut names, joined) {
                         tracing::error!("{error}; shutting down");
@@ -438,6 +509,9 @@ impl Runtime {
             tracing::error!("{error}");
             failure.get_or_insert(error);
         }
+        if let Some(leadership) = leadership {
+            leadership.release().await;
+        }
         stop_serving.cancel();
         if !server_done {
             // The server only finishes open requests; a scrape in flight is
@@ -452,6 +526,31 @@ impl Runtime {
             Some(error) => Err(error),
         }
     }
+}
+
+/// A leader-only component's future: ready while it waits, started once
+/// this replica leads, or returned at once when shutdown comes first.
+fn on_leadership(
+    mut leading: tokio::sync::watch::Receiver<bool>,
+    ctx: Context,
+    start: Start,
+) -> BoxFuture<'static, Result<(), BoxError>> {
+    Box::pin(async move {
+        ctx.ready.ready();
+        tokio::select! {
+            () = ctx.shutdown.cancelled() => return Ok(()),
+            led = async { leading.wait_for(|leading| *leading).await.is_ok() } => if !led {
+                // The campaign ended without leading: the runtime is
+                // shutting down or failing; nothing to start.
+                ctx.shutdown.cancelled().await;
+                return Ok(());
+            },
+        }
+        drop(leading);
+        tracing::info!(component = ctx.name, "leading: started");
+        ctx.ready.not_ready();
+        start(ctx).await
+    })
 }
 
 /// Accounts for a component that returned; the error, if it ended badly.
@@ -480,7 +579,7 @@ mod tests {
 
     use super::*;
     use crate::runtime::options::{
-        ControllerOptions, HttpOptions, KubeOptions, ShutdownOptions, WatchOptions,
+        ControllerOptions, ElectionOptions, HttpOptions, KubeOptions, ShutdownOptions, WatchOptions,
     };
     use crate::telemetry::{LogFormat, LogOptions};
 
@@ -510,6 +609,12 @@ mod tests {
             },
             shutdown: ShutdownOptions {
                 shutdown_timeout: Duration::from_secs(10),
+            },
+            election: ElectionOptions {
+                leader_elect: false,
+                leader_election_namespace: None,
+                leader_election_lease: "arcwright-controller".into(),
+                lease_duration: Duration::from_secs(15),
             },
         };
         Shared::new(Client::try_from(config).unwrap(), &options).unwrap()

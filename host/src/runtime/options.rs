@@ -33,6 +33,50 @@ pub struct RunOptions {
     /// How shutdown is bounded.
     #[command(flatten, next_help_heading = "Controllers")]
     pub shutdown: ShutdownOptions,
+    /// Whether replicas elect a leader.
+    #[command(flatten, next_help_heading = "Leader election")]
+    pub election: ElectionOptions,
+}
+
+/// Leader election: with several replicas, only the holder of a
+/// `coordination.k8s.io` Lease reconciles and holds message sessions.
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
+pub struct ElectionOptions {
+    /// Elect a leader among the replicas (off: this process leads alone).
+    #[arg(long, env = "ARCWRIGHT_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// The namespace of the Lease; defaults to `$POD_NAMESPACE`, then
+    /// `default`.
+    #[arg(long, env = "ARCWRIGHT_LEADER_ELECTION_NAMESPACE", value_name = "NS")]
+    pub leader_election_namespace: Option<String>,
+    /// The Lease's name.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_LEADER_ELECTION_LEASE",
+        value_name = "NAME",
+        default_value = "arcwright-controller"
+    )]
+    pub leader_election_lease: String,
+    /// How long a Lease not renewed stays with its holder: the longest a
+    /// crashed leader's replica waits before it takes over.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_LEASE_DURATION",
+        value_name = "DURATION",
+        default_value = "15s",
+        value_parser = parse_lease_duration
+    )]
+    pub lease_duration: Duration,
+}
+
+/// A lease duration: whole seconds, at least 2 (the holder renews a third
+/// of the way before the end, so it needs a second to spare).
+fn parse_lease_duration(text: &str) -> Result<Duration, String> {
+    let duration = parse_duration(text)?;
+    if duration < Duration::from_secs(2) {
+        return Err(format!("{text:?} is shorter than 2s"));
+    }
+    Ok(Duration::from_secs(duration.as_secs()))
 }
 
 /// How to reach the API server.
@@ -271,7 +315,14 @@ mod tests {
                     unregistration_workers,
                 },
             shutdown: ShutdownOptions { shutdown_timeout },
+            election,
         } = parse(&[]).unwrap();
+        assert!(
+            !election.leader_elect,
+            "a lone replica leads without a Lease"
+        );
+        assert_eq!(election.leader_election_lease, "arcwright-controller");
+        assert_eq!(election.lease_duration, Duration::from_secs(15));
         assert_eq!(kube.source(), KubeSource::Infer);
         assert_eq!(watch.scope(), WatchScope::All);
         assert_eq!(listen_address, "0.0.0.0:8080".parse().unwrap());
@@ -293,6 +344,7 @@ mod tests {
     #[test]
     fn bad_values_are_refused_with_their_reason() {
         let cases: &[(&[&str], &str)] = &[
+            (&["--lease-duration", "1s"], "shorter than 2s"),
             (&["--namespace", "CI"], "is not a namespace name"),
             (&["--namespace=-ci"], "is not a namespace name"),
             (&["--namespace", ""], "is not a namespace name"),

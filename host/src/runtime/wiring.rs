@@ -25,9 +25,9 @@ pub fn components() -> Vec<Component> {
     vec![
         Component::new("kubernetes", kubernetes),
         Component::new("policy", policy),
-        Component::new("ephemeral-runner", ephemeral_runners),
-        Component::new("ephemeral-runner-set", ephemeral_runner_sets),
-        Component::new("autoscaling-runner-set", autoscaling_runner_sets),
+        Component::new("ephemeral-runner", ephemeral_runners).leader_only(),
+        Component::new("ephemeral-runner-set", ephemeral_runner_sets).leader_only(),
+        Component::new("autoscaling-runner-set", autoscaling_runner_sets).leader_only(),
     ]
 }
 
