@@ -10,6 +10,7 @@ pub mod actions;
 pub mod api;
 pub mod controllers;
 pub mod credentials;
+pub mod debug;
 pub mod listener;
 pub mod policy;
 pub mod runtime;

@@ -15,19 +15,27 @@ use arcwright::actions::{
     ActionsClient, ClientOptions, ConfigUrl, Credentials, JitRunnerSetting, RetryPolicy,
     RunnerScaleSet, Secret as Token,
 };
+use arcwright::api::DebugSpec;
 use arcwright::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec};
 use arcwright::controllers::ephemeral_runner::{self, Config, Dependencies, plan::Settings};
 use arcwright::controllers::metrics::ControllerMetrics;
+use arcwright::controllers::metrics::RunnerLabels;
 use arcwright::credentials::ActionsClients;
+use arcwright::debug::HOLD_UNTIL_ANNOTATION;
+use arcwright::debug::hold::format_hold_until;
 use arcwright::policy::loader::PolicyLoader;
 use arcwright::policy::reporter::TracingReporter;
 use arcwright::policy::{EngineConfig, PolicyEngine};
 use arcwright::unregistration::PoolConfig;
 use arcwright_harness::TestEnv;
-use fake_actions::{Endpoint, FakeActions, FakeConfig, Fault, FaultKind, JobPhase, JobSpec};
+use fake_actions::{
+    Endpoint, FakeActions, FakeConfig, Fault, FaultKind, JobOutcome, JobPhase, JobSpec,
+};
 use futures::StreamExt;
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Container, Event, Pod, PodSpec, Secret};
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use runner_simulator::{Rule, Scenario, Simulator, SimulatorConfig, Stage};
 use serde_json::json;
@@ -58,6 +66,7 @@ fn fast_settings() -> Settings {
         terminating_timeout: Duration::from_secs(600),
         removal_recheck: Duration::from_secs(5),
         removal_retry: Duration::from_secs(1),
+        result_wait: Duration::from_secs(10),
     }
 }
 
@@ -72,6 +81,7 @@ struct World {
     shutdown: CancellationToken,
     controller: Option<tokio::task::JoinHandle<()>>,
     settings: Settings,
+    metrics: ControllerMetrics,
 }
 
 impl World {
@@ -111,6 +121,7 @@ impl World {
             shutdown: CancellationToken::new(),
             controller: None,
             settings,
+            metrics: ControllerMetrics::default(),
         };
         world.start_controller();
         world
@@ -126,7 +137,7 @@ impl World {
                 Some(client),
             ),
             reporter: Arc::new(TracingReporter::default()),
-            metrics: ControllerMetrics::default(),
+            metrics: self.metrics.clone(),
         };
         let config = Config {
             namespace: Some(self.env.namespace().to_string()),
@@ -169,7 +180,15 @@ impl World {
     }
 
     async fn create_runner(&self, name: &str) -> EphemeralRunner {
-        let spec = EphemeralRunnerSpec {
+        self.create_runner_with(name, |_| {}).await
+    }
+
+    async fn create_runner_with(
+        &self,
+        name: &str,
+        customise: impl FnOnce(&mut EphemeralRunnerSpec),
+    ) -> EphemeralRunner {
+        let mut spec = EphemeralRunnerSpec {
             github_config_url: self.fake.org_url("octo"),
             github_config_secret: "github-auth".into(),
             runner_scale_set_id: self.scale_set_id,
@@ -184,6 +203,7 @@ impl World {
             },
             ..EphemeralRunnerSpec::default()
         };
+        customise(&mut spec);
         self.runners()
             .create(&PostParams::default(), &EphemeralRunner::new(name, spec))
             .await
@@ -250,6 +270,45 @@ impl World {
         // events.k8s.io events show up in the core API with their note as message.
         out.sort();
         out
+    }
+
+    /// Waits until a runner works on a job; returns the job's id.
+    async fn wait_working(&self) -> u64 {
+        let working = |r: &runner_simulator::RunnerRecord| match r.stage {
+            Stage::Working { job } => Some(job),
+            _ => None,
+        };
+        let records = self
+            .sim
+            .wait_until(WAIT, |records| records.iter().any(|r| working(r).is_some()))
+            .await
+            .expect("the runner took its job");
+        records.iter().find_map(working).unwrap()
+    }
+
+    /// Writes the runner's status as the listener does on job messages.
+    async fn record_job(&self, name: &str, fields: serde_json::Value) {
+        self.runners()
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": fields })),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn annotate_hold_until(&self, name: &str, at: Timestamp) {
+        self.runners()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {
+                    HOLD_UNTIL_ANNOTATION: format_hold_until(at),
+                }}})),
+            )
+            .await
+            .unwrap();
     }
 
     fn ledger(&self) -> fake_actions::Ledger {
@@ -448,15 +507,7 @@ async fn job_still_running_keeps_the_pod() {
         .acquire_jobs(JobSpec::new(1, &[]).lasting(Duration::from_secs(3)))
         .await;
     world.create_runner("r-busy").await;
-    world
-        .sim
-        .wait_until(WAIT, |records| {
-            records
-                .iter()
-                .any(|r| matches!(r.stage, Stage::Working { .. }))
-        })
-        .await
-        .expect("the runner took its job");
+    world.wait_working().await;
     let fake = world.fake.control();
     let watch = at_pod_deletion(world.pods(), "r-busy", move || fake.jobs()).await;
     world
@@ -720,4 +771,211 @@ async fn host_restarted_between_jit_config_and_pod_leaks_no_registration() {
         ledger.still_registered, 0,
         "no registration leaked: {ledger:?}"
     );
+}
+
+fn debug(hold: &str, max_hold: &str, max_held: i32) -> DebugSpec {
+    DebugSpec {
+        hold_failed_for: Some(hold.into()),
+        max_hold: Some(max_hold.into()),
+        max_held: Some(max_held),
+        slack: None,
+    }
+}
+
+fn hold_times(r: &EphemeralRunner) -> Option<(Timestamp, Timestamp)> {
+    let status = r.status.as_ref()?;
+    Some((status.held_since.as_ref()?.0, status.hold_until.as_ref()?.0))
+}
+
+fn registration_gone(r: &EphemeralRunner) -> bool {
+    r.status
+        .as_ref()
+        .and_then(|s| s.condition("Registered"))
+        .is_some_and(|c| c.status == "False")
+}
+
+#[tokio::test]
+async fn a_failed_jobs_runner_is_held_deregistered_extended_within_the_cap_and_released() {
+    let world = World::new("debug-hold", fast_settings()).await;
+    world
+        .acquire_jobs(
+            JobSpec::new(1, &[])
+                .lasting(Duration::from_secs(2))
+                .ending(JobOutcome::Failed),
+        )
+        .await;
+    world
+        .create_runner_with("r-held", |spec| spec.debug = Some(debug("10m", "1h", 1)))
+        .await;
+
+    // The listener's part: the job on JobStarted, its result on JobCompleted.
+    let job = world.wait_working().await;
+    world
+        .record_job(
+            "r-held",
+            json!({"jobRequestId": job, "jobId": format!("job-{job}"), "jobRepositoryName": "octo/app"}),
+        )
+        .await;
+    let snapshot = world
+        .fake
+        .control()
+        .wait_until(WAIT, |s| {
+            s.jobs.iter().any(|j| j.phase == JobPhase::Finished)
+        })
+        .await
+        .expect("the job finished");
+    assert_eq!(snapshot.jobs[0].result.as_deref(), Some("failed"));
+    world
+        .record_job(
+            "r-held",
+            json!({"jobResult": "failed", "jobFinishedAt": Time(Timestamp::now())}),
+        )
+        .await;
+
+    // Held: Debugging until 10 minutes after the job's end, the
+    // registration removed, the pod kept.
+    let held = world
+        .wait_runner("r-held", "was held with its registration gone", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Debugging) && registration_gone(r)
+        })
+        .await;
+    let (since, until) = hold_times(&held).unwrap();
+    let recorded_end = held
+        .status
+        .as_ref()
+        .unwrap()
+        .job_finished_at
+        .clone()
+        .unwrap()
+        .0;
+    assert_eq!(since, recorded_end, "counted from the job's end");
+    assert_eq!(until.as_second() - since.as_second(), 600);
+    let runner_id = held.status.as_ref().unwrap().runner_id as u64;
+    assert!(
+        !world
+            .fake
+            .control()
+            .runners()
+            .iter()
+            .any(|r| r.id == runner_id),
+        "the registration is gone from the service"
+    );
+    let pod = world.pods().get("r-held").await.unwrap();
+    assert!(pod.metadata.deletion_timestamp.is_none());
+    let labels = RunnerLabels {
+        namespace: world.env.namespace().to_string(),
+        scale_set: String::new(),
+        phase: "Debugging".into(),
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while world.metrics.runners.get_or_create(&labels).get() != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the gauge shows the held runner"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Extended past the cap: held until the cap, an hour after the job.
+    world
+        .annotate_hold_until("r-held", since + jiff::SignedDuration::from_hours(3))
+        .await;
+    let extended = world
+        .wait_runner("r-held", "was extended", |r| {
+            hold_times(r).is_some_and(|(_, u)| u != until)
+        })
+        .await;
+    let (_, capped) = hold_times(&extended).unwrap();
+    assert_eq!(
+        capped.as_second() - since.as_second(),
+        3600,
+        "capped by maxHold"
+    );
+    assert_eq!(phase(&extended), Some(EphemeralRunnerPhase::Debugging));
+
+    // Moved to a few seconds from now: the pod goes when that time comes,
+    // not before.
+    let watch = at_pod_deletion(world.pods(), "r-held", Timestamp::now).await;
+    let soon = Timestamp::now() + jiff::SignedDuration::from_secs(3);
+    world.annotate_hold_until("r-held", soon).await;
+    let deleted_at = tokio::time::timeout(WAIT, watch).await.unwrap().unwrap();
+    assert!(
+        deleted_at.as_second() >= soon.as_second(),
+        "the pod was deleted at {deleted_at}, before the hold ended at {soon}"
+    );
+    let released = world
+        .wait_runner("r-held", "was released", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Failed)
+        })
+        .await;
+    let status = released.status.unwrap();
+    assert_eq!(status.reason.as_deref(), Some("HoldEnded"));
+    assert_eq!(status.hold_until.unwrap().0.as_second(), soon.as_second());
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while world.secrets().get_opt("r-held").await.unwrap().is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the Secret goes too"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(world.ledger().still_registered, 0);
+}
+
+#[tokio::test]
+async fn max_held_caps_the_runners_held_at_once() {
+    let world = World::new("debug-max-held", fast_settings()).await;
+    // Both runners crash while they have a job (the listener recorded it):
+    // their registrations stay in the service unless the controller
+    // removes them.
+    world.sim.add_rule(Rule::next(
+        2,
+        Scenario::fail().with_start_delay(Duration::from_millis(500)),
+    ));
+    for name in ["r-first", "r-second"] {
+        world
+            .create_runner_with(name, |spec| spec.debug = Some(debug("10m", "1h", 1)))
+            .await;
+        world
+            .record_job(name, json!({"jobRequestId": 1, "jobId": "job-1"}))
+            .await;
+        let ended = world
+            .wait_runner(name, "ended", |r| {
+                matches!(
+                    phase(r),
+                    Some(EphemeralRunnerPhase::Debugging | EphemeralRunnerPhase::Failed)
+                )
+            })
+            .await;
+        let status = ended.status.unwrap();
+        let held = status.condition("HeldForDebugging").unwrap();
+        if name == "r-first" {
+            assert_eq!(status.phase, Some(EphemeralRunnerPhase::Debugging));
+            assert_eq!(status.exit_code, Some(1));
+        } else {
+            assert_eq!(status.phase, Some(EphemeralRunnerPhase::Failed));
+            assert_eq!(status.reason.as_deref(), Some("JobFailed"));
+            assert_eq!(held.reason, "MaxHeld", "{held:?}");
+        }
+    }
+    // The one not held is cleaned up as usual; the held one keeps its pod,
+    // and both registrations are gone from the service.
+    world
+        .wait_runner("r-second", "lost its registration", registration_gone)
+        .await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while world.pods().get_opt("r-second").await.unwrap().is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "r-second's pod goes"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let first = world
+        .wait_runner("r-first", "lost its registration", registration_gone)
+        .await;
+    assert_eq!(phase(&first), Some(EphemeralRunnerPhase::Debugging));
+    assert!(world.pods().get_opt("r-first").await.unwrap().is_some());
+    assert_eq!(world.ledger().still_registered, 0);
+    assert!(world.fake.control().runners().is_empty());
 }

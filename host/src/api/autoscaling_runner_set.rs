@@ -5,7 +5,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use super::shared::{GitHubServerTls, PolicyRefs, ProxySpec, ResourceMeta, pod_template_schema};
+use super::shared::{
+    DebugSpec, GitHubServerTls, PolicyRefs, ProxySpec, ResourceMeta, pod_template_schema,
+};
 
 /// A runner scale set: where it registers, how its runners look, how many
 /// it may have, and the policies that make its judgement calls.
@@ -78,6 +80,9 @@ pub struct AutoscalingRunnerSetSpec {
     /// The policies making the scale set's judgement calls.
     #[serde(flatten)]
     pub policies: PolicyRefs,
+    /// Holding failed runners for debugging, and telling Slack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debug: Option<DebugSpec>,
     /// Extra metadata for the EphemeralRunnerSet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ephemeral_runner_set_metadata: Option<ResourceMeta>,

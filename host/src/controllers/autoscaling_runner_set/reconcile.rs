@@ -316,6 +316,7 @@ fn desired_runner_spec(set: &AutoscalingRunnerSet, id: i64) -> EphemeralRunnerSp
             .ephemeral_runner_config_secret_metadata
             .clone(),
         policies: spec.policies.clone(),
+        debug: spec.debug.clone(),
         metadata: spec.template.metadata.clone(),
         spec: spec.template.spec.clone().unwrap_or_default(),
     }

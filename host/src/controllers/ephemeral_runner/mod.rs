@@ -162,6 +162,9 @@ pub(crate) struct Context {
     /// Loaded deregistration policies by namespace and reference, so a
     /// reference shared by thousands of runners is compiled and watched once.
     policies: Mutex<HashMap<(String, String), Arc<LoadedPolicy>>>,
+    /// Taken while a runner counts the held runners of its scale set and
+    /// records its own hold; see `observe::Planned`.
+    hold_gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Context {
@@ -245,9 +248,12 @@ async fn reconcile(
     let _timer = ctx.deps.metrics.time(CONTROLLER);
     let namespace = runner.namespace().unwrap_or_default();
     let name = runner.name_any();
-    let plan = observe::observe_and_plan(&runner, &ctx).await?;
+    let planned = observe::observe_and_plan(&runner, &ctx).await?;
+    let plan = &planned.plan;
     tracing::debug!(runner = %name, %namespace, ?plan, "reconciled");
-    let finalized = apply::apply(&runner, &plan, &ctx).await?;
+    let finalized = apply::apply(&runner, plan, &ctx).await?;
+    let requeue = plan.requeue;
+    drop(planned);
     let scale_set = runner
         .labels()
         .get(labels::SCALE_SET_NAME)
@@ -265,7 +271,7 @@ async fn reconcile(
             .to_string(),
     });
     ctx.deps.metrics.runner(&namespace, &name, counted);
-    Ok(match plan.requeue {
+    Ok(match requeue {
         Some(after) => Action::requeue(after),
         // A periodic look even when nothing is expected: the pool's outcomes
         // are kept in memory only, and a missed wake-up must not strand a
@@ -323,6 +329,7 @@ pub async fn run(deps: Dependencies, config: Config, shutdown: CancellationToken
         deps,
         pool,
         policies: Mutex::new(HashMap::new()),
+        hold_gate: Arc::new(tokio::sync::Mutex::new(())),
         config: config.clone(),
     });
     let woken = futures::stream::unfold(woken, |mut rx| async move {

@@ -3,6 +3,7 @@
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::ListParams;
 use kube::{Api, Resource, ResourceExt};
 
 use super::plan::{
@@ -12,7 +13,7 @@ use super::plan::{
 use super::resources::read_jit_secret;
 use super::{Context, EphemeralRunnerError, FINALIZER, github_target, kube_error};
 use crate::actions::ActionsError;
-use crate::api::EphemeralRunner;
+use crate::api::{EphemeralRunner, EphemeralRunnerPhase, labels};
 use crate::unregistration::Removal;
 
 /// Whether `object` is owned by `runner` (a same-named object someone else
@@ -28,24 +29,28 @@ fn owned_by<K: Resource>(object: &K, runner: &EphemeralRunner) -> bool {
 /// The pod as the plan sees it.
 pub(super) fn pod_view(pod: &Pod) -> PodView {
     let status = pod.status.clone().unwrap_or_default();
-    let runner = status
+    let runner_state = status
         .container_statuses
         .iter()
         .flatten()
         .find(|c| c.name == RUNNER_CONTAINER)
-        .and_then(|c| c.state.as_ref())
-        .map_or(RunnerContainer::Waiting, |state| {
-            if let Some(t) = &state.terminated {
-                RunnerContainer::Terminated {
-                    exit_code: t.exit_code,
-                    reason: t.reason.clone().unwrap_or_default(),
-                }
-            } else if state.running.is_some() {
-                RunnerContainer::Running
-            } else {
-                RunnerContainer::Waiting
+        .and_then(|c| c.state.as_ref());
+    let finished = runner_state
+        .and_then(|s| s.terminated.as_ref())
+        .and_then(|t| t.finished_at.as_ref())
+        .map(|t| t.0);
+    let runner = runner_state.map_or(RunnerContainer::Waiting, |state| {
+        if let Some(t) = &state.terminated {
+            RunnerContainer::Terminated {
+                exit_code: t.exit_code,
+                reason: t.reason.clone().unwrap_or_default(),
             }
-        });
+        } else if state.running.is_some() {
+            RunnerContainer::Running
+        } else {
+            RunnerContainer::Waiting
+        }
+    });
     let init_failed = status.init_container_statuses.iter().flatten().any(|c| {
         c.state
             .as_ref()
@@ -77,8 +82,43 @@ pub(super) fn pod_view(pod: &Pod) -> PodView {
         failed,
         init_failed,
         ready,
+        finished,
         failure_message,
     }
+}
+
+/// A plan, and when it holds a runner for debugging, the gate that keeps
+/// another runner from counting the held runners until this one's status
+/// is written (so two failures at once cannot both take the last place
+/// under `maxHeld`). Drop it after applying the plan.
+pub(super) struct Planned {
+    pub(super) plan: plan::Plan,
+    pub(super) _hold_gate: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+/// How many runners of `runner`'s scale set, other than it, are held.
+async fn held_count(
+    runner: &EphemeralRunner,
+    ctx: &Context,
+) -> Result<usize, EphemeralRunnerError> {
+    let namespace = runner.namespace().unwrap_or_default();
+    let api: Api<EphemeralRunner> = Api::namespaced(ctx.deps.client.clone(), &namespace);
+    let selector = match runner.labels().get(labels::SCALE_SET_NAME) {
+        Some(scale_set) => format!("{}={scale_set}", labels::SCALE_SET_NAME),
+        None => format!("!{}", labels::SCALE_SET_NAME),
+    };
+    let listed = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(kube_error("list the scale set's runners"))?;
+    Ok(listed
+        .items
+        .iter()
+        .filter(|r| r.uid() != runner.uid())
+        .filter(|r| {
+            r.status.as_ref().and_then(|s| s.phase) == Some(EphemeralRunnerPhase::Debugging)
+        })
+        .count())
 }
 
 /// Reads the runner's pod and Secret, asks the pool about its registration,
@@ -86,7 +126,7 @@ pub(super) fn pod_view(pod: &Pod) -> PodView {
 pub(super) async fn observe_and_plan(
     runner: &EphemeralRunner,
     ctx: &Context,
-) -> Result<plan::Plan, EphemeralRunnerError> {
+) -> Result<Planned, EphemeralRunnerError> {
     let namespace = runner.namespace().unwrap_or_default();
     let name = runner.name_any();
     let pods: Api<Pod> = Api::namespaced(ctx.deps.client.clone(), &namespace);
@@ -135,12 +175,23 @@ pub(super) async fn observe_and_plan(
         pool,
         verdict: None,
         presence: None,
+        held: None,
         now: Timestamp::now(),
     };
-    // Each need is answered once, so this ends after at most three rounds.
-    for _ in 0..3 {
+    let mut hold_gate = None;
+    // Each need is answered once, so this ends after at most four rounds.
+    for _ in 0..4 {
         match plan::plan(&observed, &ctx.config.settings, FINALIZER) {
-            Ok(plan) => return Ok(plan),
+            Ok(plan) => {
+                return Ok(Planned {
+                    plan,
+                    _hold_gate: hold_gate,
+                });
+            }
+            Err(Need::HeldCount) => {
+                hold_gate = Some(ctx.hold_gate.clone().lock_owned().await);
+                observed.held = Some(held_count(runner, ctx).await?);
+            }
             Err(Need::Verdict(ending)) => {
                 let loaded = ctx
                     .deregistration_policy(
@@ -168,8 +219,11 @@ pub(super) async fn observe_and_plan(
         }
     }
     // Unreachable with a well-formed plan; answered as "look again".
-    Ok(plan::Plan {
-        steps: Vec::new(),
-        requeue: Some(ctx.config.error_retry),
+    Ok(Planned {
+        plan: plan::Plan {
+            steps: Vec::new(),
+            requeue: Some(ctx.config.error_retry),
+        },
+        _hold_gate: None,
     })
 }
