@@ -14,5 +14,6 @@ pub mod debug;
 pub mod listener;
 pub mod policy;
 pub mod runtime;
+pub mod slack;
 pub mod telemetry;
 pub mod unregistration;

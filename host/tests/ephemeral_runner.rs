@@ -15,9 +15,11 @@ use arcwright::actions::{
     ActionsClient, ClientOptions, ConfigUrl, Credentials, JitRunnerSetting, RetryPolicy,
     RunnerScaleSet, Secret as Token,
 };
-use arcwright::api::DebugSpec;
+use arcwright::api::{DebugSpec, SecretKeyRef, SlackSpec};
 use arcwright::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec};
-use arcwright::controllers::ephemeral_runner::{self, Config, Dependencies, plan::Settings};
+use arcwright::controllers::ephemeral_runner::{
+    self, Config, Dependencies, SlackConfig, plan::Settings,
+};
 use arcwright::controllers::metrics::ControllerMetrics;
 use arcwright::controllers::metrics::RunnerLabels;
 use arcwright::credentials::ActionsClients;
@@ -82,10 +84,15 @@ struct World {
     controller: Option<tokio::task::JoinHandle<()>>,
     settings: Settings,
     metrics: ControllerMetrics,
+    slack: SlackConfig,
 }
 
 impl World {
     async fn new(name: &str, settings: Settings) -> World {
+        World::with_slack(name, settings, SlackConfig::default()).await
+    }
+
+    async fn with_slack(name: &str, settings: Settings, slack: SlackConfig) -> World {
         let env = TestEnv::new(name).await;
         common::install_crds(env.client()).await;
         let fake = FakeActions::start(FakeConfig::default()).await.unwrap();
@@ -122,6 +129,7 @@ impl World {
             controller: None,
             settings,
             metrics: ControllerMetrics::default(),
+            slack,
         };
         world.start_controller();
         world
@@ -148,6 +156,7 @@ impl World {
                 max_idle_wait: Duration::from_secs(1),
             },
             error_retry: Duration::from_millis(300),
+            slack: self.slack.clone(),
             ..Config::default()
         };
         self.shutdown = CancellationToken::new();
@@ -896,7 +905,7 @@ async fn a_failed_jobs_runner_is_held_deregistered_extended_within_the_cap_and_r
     // Moved to a few seconds from now: the pod goes when that time comes,
     // not before.
     let watch = at_pod_deletion(world.pods(), "r-held", Timestamp::now).await;
-    let soon = Timestamp::now() + jiff::SignedDuration::from_secs(3);
+    let soon = Timestamp::from_second(Timestamp::now().as_second() + 3).unwrap();
     world.annotate_hold_until("r-held", soon).await;
     let deleted_at = tokio::time::timeout(WAIT, watch).await.unwrap().unwrap();
     assert!(
@@ -978,4 +987,90 @@ async fn max_held_caps_the_runners_held_at_once() {
     assert!(world.pods().get_opt("r-first").await.unwrap().is_some());
     assert_eq!(world.ledger().still_registered, 0);
     assert!(world.fake.control().runners().is_empty());
+}
+
+#[tokio::test]
+async fn a_held_failure_is_posted_to_slack_with_the_job_and_the_buttons() {
+    let slack = fake_slack::FakeSlack::start("xoxb-bot-token")
+        .await
+        .unwrap();
+    let world = World::with_slack(
+        "debug-slack",
+        fast_settings(),
+        SlackConfig {
+            api_url: slack.api_url().parse().unwrap(),
+            extend_by: Duration::from_secs(1800),
+        },
+    )
+    .await;
+    let token: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "slack-bot"},
+        "stringData": {"bot-token": "xoxb-bot-token"},
+    }))
+    .unwrap();
+    world
+        .secrets()
+        .create(&PostParams::default(), &token)
+        .await
+        .unwrap();
+    world.sim.add_rule(Rule::next(
+        1,
+        Scenario::fail().with_start_delay(Duration::from_millis(500)),
+    ));
+    world
+        .create_runner_with("r-told", |spec| {
+            spec.debug = Some(DebugSpec {
+                slack: Some(SlackSpec {
+                    channel: "#ci-failures".into(),
+                    token_secret_ref: SecretKeyRef {
+                        name: "slack-bot".into(),
+                        key: Some("bot-token".into()),
+                    },
+                }),
+                ..debug("10m", "1h", 1)
+            })
+        })
+        .await;
+    world
+        .record_job(
+            "r-told",
+            json!({
+                "jobRequestId": 1, "jobId": "job-1",
+                "jobRepositoryName": "octo/app",
+                "jobWorkflowRef": "octo/app/.github/workflows/ci.yaml@refs/heads/main",
+                "jobDisplayName": "unit tests",
+                "jobFinishedAt": Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap()),
+            }),
+        )
+        .await;
+    let held = world
+        .wait_runner("r-told", "was held", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Debugging)
+        })
+        .await;
+    let until = held.status.unwrap().hold_until.unwrap().0;
+    let posts = slack.wait_for_posts(1, WAIT).await.expect("Slack was told");
+    assert_eq!(posts.len(), 1);
+    let post = &posts[0];
+    assert!(post.accepted, "{post:?}");
+    assert_eq!(post.token.as_deref(), Some("xoxb-bot-token"));
+    assert_eq!(post.body["channel"], "#ci-failures");
+    let text = post.body.to_string();
+    for needle in [
+        "octo/app",
+        "ci.yaml@refs/heads/main",
+        "unit tests",
+        &format!("{}/r-told", world.env.namespace()),
+        &format!("kubectl exec -it -n {} r-told -- sh", world.env.namespace()),
+        &format_hold_until(until),
+        "Extend 30m",
+        "Release",
+        &format!("\"value\":\"{}/r-told\"", world.env.namespace()),
+    ] {
+        assert!(text.contains(needle), "{needle} in {text}");
+    }
+    // The token is in no status and no event.
+    let runner = serde_json::to_string(&world.runners().get("r-told").await.unwrap()).unwrap();
+    let events = format!("{:?}", world.events("r-told").await);
+    assert!(!runner.contains("xoxb") && !events.contains("xoxb"));
 }

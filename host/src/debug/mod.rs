@@ -7,6 +7,8 @@
 //! shares, so the annotation, the cap and the arithmetic mean the same
 //! thing to all of them.
 
+pub mod control;
 pub mod hold;
 
+pub use control::{HoldChange, HoldControlError, change_hold};
 pub use hold::{DebugSpecError, HOLD_UNTIL_ANNOTATION, Hold};

@@ -40,6 +40,7 @@ use crate::credentials::{
 };
 use crate::policy::loader::{LoadedPolicy, PolicyLoader, PolicyRef};
 use crate::policy::{PolicyError, PolicyKind, PolicyReporter};
+use crate::slack::SlackClient;
 use crate::unregistration::{PoolConfig, UnregistrationKey, UnregistrationPool};
 
 /// The finalizer that holds an EphemeralRunner until its registration, pod
@@ -123,6 +124,28 @@ pub struct Config {
     pub user_agent: String,
     /// The delay before a failed reconcile is retried.
     pub error_retry: Duration,
+    /// Where held failures are posted, for scale sets that name a channel.
+    pub slack: SlackConfig,
+}
+
+/// The Slack Web API held failures are posted to.
+#[derive(Clone, Debug)]
+pub struct SlackConfig {
+    /// The Web API's base URL ([`crate::slack::DEFAULT_API_URL`]).
+    pub api_url: url::Url,
+    /// What the Extend button says it adds; the interaction endpoint must
+    /// be configured with the same.
+    pub extend_by: Duration,
+}
+
+impl Default for SlackConfig {
+    fn default() -> Self {
+        Self {
+            api_url: url::Url::parse(crate::slack::DEFAULT_API_URL)
+                .unwrap_or_else(|_| unreachable!("the default Slack URL parses")),
+            extend_by: crate::slack::DEFAULT_EXTEND_BY,
+        }
+    }
 }
 
 impl Default for Config {
@@ -134,6 +157,7 @@ impl Default for Config {
             concurrency: 8,
             user_agent: format!("arcwright/{}", env!("CARGO_PKG_VERSION")),
             error_retry: Duration::from_secs(5),
+            slack: SlackConfig::default(),
         }
     }
 }
@@ -165,6 +189,8 @@ pub(crate) struct Context {
     /// Taken while a runner counts the held runners of its scale set and
     /// records its own hold; see `observe::Planned`.
     hold_gate: Arc<tokio::sync::Mutex<()>>,
+    /// Posts held failures; `None` if its HTTP client could not be built.
+    slack: Option<SlackClient>,
 }
 
 impl Context {
@@ -330,6 +356,13 @@ pub async fn run(deps: Dependencies, config: Config, shutdown: CancellationToken
         pool,
         policies: Mutex::new(HashMap::new()),
         hold_gate: Arc::new(tokio::sync::Mutex::new(())),
+        slack: match SlackClient::new(config.slack.api_url.clone()) {
+            Ok(slack) => Some(slack),
+            Err(error) => {
+                tracing::error!(%error, "Slack notifications are off");
+                None
+            }
+        },
         config: config.clone(),
     });
     let woken = futures::stream::unfold(woken, |mut rx| async move {

@@ -35,6 +35,7 @@ use serde_json::json;
 use crate::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerStatus};
 use crate::debug::{HOLD_UNTIL_ANNOTATION, Hold};
 use crate::policy::types::{RunnerEnding, RunnerPhase, Verdict};
+use crate::slack::HeldFailure;
 
 /// The name of the container the runner runs in (ARC's).
 pub const RUNNER_CONTAINER: &str = "runner";
@@ -280,6 +281,9 @@ pub enum Step {
         /// What happened, for people; never a secret.
         note: String,
     },
+    /// Tell the scale set's Slack channel that the runner is held (at most
+    /// once per hold, off the reconcile path).
+    NotifySlack(HeldFailure),
     /// Count a deregistration in the metrics.
     CountDeregistration {
         /// The verdict (`self-deregistered`, `remove-now`, ...).
@@ -957,6 +961,12 @@ fn hold(
     }
     let since = status.job_finished_at.as_ref().map_or(obs.now, |t| t.0);
     let deadline = hold.deadline(since, hold_annotation(obs.runner));
+    if deadline.at <= obs.now {
+        // The failure was learnt after its hold would have ended (the
+        // controller was down): holding now would only tell Slack of a
+        // runner about to go.
+        return Ok(false);
+    }
     let message = format!(
         "{why}; held for debugging until {}{}",
         deadline.at,
@@ -974,6 +984,23 @@ fn hold(
     }
     patch.condition(HELD, true, "HeldForDebugging", &message, obs.now);
     plan.event(Severity::Warning, "HeldForDebugging", message);
+    if obs
+        .runner
+        .spec
+        .debug
+        .as_ref()
+        .is_some_and(|d| d.slack.is_some())
+    {
+        plan.step(Step::NotifySlack(HeldFailure {
+            namespace: obs.runner.metadata.namespace.clone().unwrap_or_default(),
+            runner: obs.runner.metadata.name.clone().unwrap_or_default(),
+            repository: status.job_repository_name.clone(),
+            workflow: status.job_workflow_ref.clone(),
+            job: status.job_display_name.clone(),
+            why: why.to_string(),
+            hold_until: deadline.at,
+        }));
+    }
     ensure_gone(obs, settings, status, runner_id, false, patch, plan)?;
     plan.requeue_after(elapsed(obs.now, deadline.at));
     Ok(true)
@@ -1394,6 +1421,7 @@ mod tests {
                 Step::Deregister { .. } => "deregister",
                 Step::Event { .. } => "event",
                 Step::CountDeregistration { .. } => "count",
+                Step::NotifySlack(_) => "slack",
             })
             .collect()
     }
@@ -1928,6 +1956,14 @@ mod tests {
         let steps = case(bad).secret(7).pod(exited(0)).steps();
         assert_eq!(status_of(&steps)["phase"], "Succeeded");
         assert!(event_reasons(&steps).contains(&"InvalidDebugSpec"));
+        // A failure learnt after its hold would have ended is not held.
+        let steps = case(holding().job_failed_at(4))
+            .secret(7)
+            .pod(exited(0))
+            .held(0)
+            .now(604)
+            .steps();
+        assert_eq!(status_of(&steps)["phase"], "Succeeded");
         // A job that succeeded is never held.
         let ok = holding()
             .with_job()
