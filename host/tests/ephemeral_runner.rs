@@ -1074,3 +1074,59 @@ async fn a_held_failure_is_posted_to_slack_with_the_job_and_the_buttons() {
     let events = format!("{:?}", world.events("r-told").await);
     assert!(!runner.contains("xoxb") && !events.contains("xoxb"));
 }
+
+#[tokio::test]
+async fn an_idle_runner_past_max_idle_age_gets_a_new_registration_and_pod_registration_first() {
+    let world = World::new("max-idle-age", fast_settings()).await;
+    // No job is queued: the runner connects and stays idle.
+    world
+        .create_runner_with("r-idle", |spec| spec.max_idle_age = Some("3s".into()))
+        .await;
+    let first = world
+        .wait_runner("r-idle", "ran", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Running)
+        })
+        .await;
+    let first_id = first.status.unwrap().runner_id;
+    let first_pod = world.pods().get("r-idle").await.unwrap();
+    let fake = world.fake.control();
+    let watch = at_pod_deletion(world.pods(), "r-idle", move || fake.runners()).await;
+    let Ok(registered_at_deletion) = tokio::time::timeout(WAIT, watch).await else {
+        panic!(
+            "the pod was never deleted: {:#?} {:?}",
+            world.runners().get("r-idle").await.unwrap().status,
+            world.events("r-idle").await
+        );
+    };
+    let registered_at_deletion = registered_at_deletion.unwrap();
+    assert!(
+        !registered_at_deletion
+            .iter()
+            .any(|r| r.id == first_id as u64),
+        "registration {first_id} was removed before the pod was deleted: {registered_at_deletion:?}"
+    );
+    let renewed = world
+        .wait_runner("r-idle", "was renewed", |r| {
+            r.status.as_ref().is_some_and(|s| {
+                s.runner_id != first_id && s.phase == Some(EphemeralRunnerPhase::Running)
+            })
+        })
+        .await;
+    let status = renewed.status.unwrap();
+    assert!(
+        status.failures.is_empty(),
+        "not a failed start: {:?}",
+        status.failures
+    );
+    assert_ne!(
+        world.pods().get("r-idle").await.unwrap().metadata.uid,
+        first_pod.metadata.uid
+    );
+    assert!(
+        world
+            .events("r-idle")
+            .await
+            .iter()
+            .any(|(reason, _)| reason == "MaxIdleAge")
+    );
+}

@@ -10,7 +10,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::shared::{
-    DebugSpec, GitHubServerTls, PolicyRefs, ProxySpec, ResourceMeta, pod_spec_schema,
+    DURATION_PATTERN, DebugSpec, GitHubServerTls, PolicyRefs, ProxySpec, ResourceMeta,
+    pod_spec_schema,
 };
 
 /// One ephemeral runner: registered once with the Actions service, run in one
@@ -72,6 +73,11 @@ pub struct EphemeralRunnerSpec {
     /// AutoscalingRunnerSet declared it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub debug: Option<DebugSpec>,
+    /// The age of its pod past which the runner, while idle, gets a new
+    /// registration and pod, as the AutoscalingRunnerSet declared it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub max_idle_age: Option<String>,
     /// The runner pod's metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<ObjectMeta>,

@@ -813,6 +813,27 @@ fn running(
         patch.set("ready", json!(pod.ready));
     }
 
+    if let Some(max_idle_age) = max_idle_age(obs.runner)
+        && pod.runner == RunnerContainer::Running
+        && runner_id != 0
+        && !status.has_job()
+    {
+        let age = elapsed(pod.created, obs.now);
+        if age >= max_idle_age {
+            return renew(
+                obs,
+                settings,
+                status,
+                runner_id,
+                pod,
+                max_idle_age,
+                patch,
+                plan,
+            );
+        }
+        plan.requeue_after(max_idle_age - age);
+    }
+
     if is_true(status, ONLINE) == Some(true) || status.has_job() {
         return Ok(());
     }
@@ -1056,6 +1077,57 @@ fn debugging(
     Ok(())
 }
 
+/// The runner's `maxIdleAge`, if it has a usable one. The apiserver refuses
+/// what is not a duration; `0s`, which it lets through, means none.
+fn max_idle_age(runner: &EphemeralRunner) -> Option<Duration> {
+    let text = runner.spec.max_idle_age.as_deref()?;
+    crate::debug::hold::parse_duration("maxIdleAge", text).ok()
+}
+
+/// An idle runner past `maxIdleAge` gets a new registration and pod, so a
+/// warm pool does not keep runners for days: its registration is removed
+/// first (if a job reached it meanwhile, the service says so and the pool
+/// waits the job out, as for any removal), then its pod and Secret go,
+/// and the runner registers again from scratch. This is not a failed
+/// start: nothing is counted towards the failure limit.
+#[allow(clippy::too_many_arguments)]
+fn renew(
+    obs: &Observed<'_>,
+    settings: &Settings,
+    status: &EphemeralRunnerStatus,
+    runner_id: i64,
+    pod: &PodView,
+    max_idle_age: Duration,
+    patch: &mut StatusPatch,
+    plan: &mut Plan,
+) -> Result<(), Need> {
+    let before = plan.steps.len();
+    let registration = ensure_gone(obs, settings, status, runner_id, false, patch, plan)?;
+    if plan.steps[before..]
+        .iter()
+        .any(|s| matches!(s, Step::Deregister { .. }))
+    {
+        plan.event(
+            Severity::Normal,
+            "MaxIdleAge",
+            format!(
+                "idle for {}s, past maxIdleAge ({}s): replacing its registration and pod",
+                elapsed(pod.created, obs.now).as_secs(),
+                max_idle_age.as_secs()
+            ),
+        );
+    }
+    if let Registration::Gone = registration {
+        plan.step(Step::DeletePod {
+            uid: pod.uid.clone(),
+        });
+        if obs.secret.is_some() {
+            plan.step(Step::DeleteSecret);
+        }
+    }
+    Ok(())
+}
+
 /// A start that failed before the runner could run a job: counted, and the
 /// runner is recreated (registration removed first, then pod and Secret)
 /// after a backoff, or marked Failed once the limit is reached.
@@ -1264,6 +1336,10 @@ mod tests {
                 s.held_since = Some(Time(at(since)));
                 s.hold_until = Some(Time(at(until)));
             })
+        }
+        fn max_idle_age(mut self, value: &str) -> Self {
+            self.0.spec.max_idle_age = Some(value.into());
+            self
         }
         fn hold_until(mut self, value: &str) -> Self {
             self.0
@@ -2134,5 +2210,102 @@ mod tests {
             .deleting();
         let steps = case(deleting).secret(7).pod(exited(0)).now(100).steps();
         assert_eq!(kinds(&steps), vec!["delete-pod", "delete-secret"]);
+    }
+
+    #[test]
+    fn an_idle_runner_past_max_idle_age_gets_a_new_registration_and_pod() {
+        // Pod created at 0, maxIdleAge 60 s.
+        let idle = || {
+            Runner::new()
+                .registered(7)
+                .phase(Running)
+                .status(|s| s.ready = true)
+                .max_idle_age("1m")
+        };
+        let rows: Vec<(&str, Case, Vec<&str>, Option<u64>)> = vec![
+            (
+                "younger: looked at again when it comes of age",
+                case(idle())
+                    .secret(7)
+                    .pod(pod(RunnerContainer::Running))
+                    .now(45),
+                vec![],
+                Some(15),
+            ),
+            (
+                "of age: the registration goes first",
+                case(idle())
+                    .secret(7)
+                    .pod(pod(RunnerContainer::Running))
+                    .now(60),
+                vec!["status", "deregister", "event", "event"],
+                Some(30),
+            ),
+            (
+                "while the removal is under way, the pod stays",
+                case(idle())
+                    .secret(7)
+                    .pod(pod(RunnerContainer::Running))
+                    .pool(PoolView::Claimed)
+                    .now(70),
+                vec![],
+                Some(30),
+            ),
+            (
+                "removed: then the pod and the Secret",
+                case(idle())
+                    .secret(7)
+                    .pod(pod(RunnerContainer::Running))
+                    .pool(PoolView::Removed)
+                    .now(70),
+                vec!["status", "event", "count", "delete-pod", "delete-secret"],
+                None,
+            ),
+            (
+                "with a job it is not idle",
+                case(idle().with_job())
+                    .secret(7)
+                    .pod(pod(RunnerContainer::Running))
+                    .now(600),
+                vec![],
+                None,
+            ),
+            (
+                "a pod still starting is not idle",
+                case(idle())
+                    .secret(7)
+                    .pod(pod(RunnerContainer::Waiting))
+                    .now(100),
+                vec!["status"],
+                Some(500),
+            ),
+            (
+                "without maxIdleAge nothing happens",
+                case(idle().max_idle_age("0s"))
+                    .secret(7)
+                    .pod(pod(RunnerContainer::Running))
+                    .now(100),
+                vec![],
+                Some(500),
+            ),
+        ];
+        for (name, case, want, requeue) in rows {
+            let plan = case.run().unwrap();
+            assert_eq!(kinds(&plan.steps), want, "{name}");
+            assert_eq!(plan.requeue.map(|d| d.as_secs()), requeue, "{name}");
+            assert!(
+                status_of(&plan.steps).get("failures").is_none(),
+                "{name}: not a failed start"
+            );
+        }
+        // Once the pod is gone, a new registration, with no backoff.
+        let renewed = idle().gone("Removed");
+        assert_eq!(kinds(&case(renewed).now(75).steps()), vec!["register"]);
+        let steps = case(idle())
+            .secret(7)
+            .pod(pod(RunnerContainer::Running))
+            .now(60)
+            .steps();
+        assert!(event_reasons(&steps).contains(&"MaxIdleAge"));
     }
 }
