@@ -1,7 +1,9 @@
-//! The Slack interactivity endpoint against the real API server: signed
-//! presses of Extend and Release write the runner's hold annotation within
-//! the cap; unsigned, wrongly signed and replayed ones are refused and
-//! change nothing.
+//! Changing a hold from outside, against the real API server: the Slack
+//! interactivity endpoint (signed presses of Extend and Release write the
+//! runner's hold annotation within the cap; unsigned, wrongly signed and
+//! replayed ones are refused and change nothing) and the hold API (a
+//! bearer token reviewed by the API server, and access to update the
+//! runner reviewed too).
 
 mod common;
 
@@ -16,7 +18,9 @@ use arcwright::slack::{InteractionsConfig, interactions, router};
 use arcwright_harness::TestEnv;
 use fake_slack::Interaction;
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Container, PodSpec, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -27,6 +31,7 @@ const SIGNING_SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
 struct World {
     env: TestEnv,
     url: String,
+    base: String,
     _server: tokio::task::JoinHandle<()>,
 }
 
@@ -40,19 +45,18 @@ impl World {
                 signing_secret: Secret::new(SIGNING_SECRET),
                 extend_by: Duration::from_secs(30 * 60),
             },
-        );
+        )
+        .merge(arcwright::debug::api::router(env.client()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!(
-            "http://{}{}",
-            listener.local_addr().unwrap(),
-            interactions::PATH
-        );
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let url = format!("{base}{}", interactions::PATH);
         let server = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
         });
         World {
             env,
             url,
+            base,
             _server: server,
         }
     }
@@ -234,4 +238,159 @@ async fn send_with_signature_of(body: &Interaction, signed: &Interaction, url: &
         .unwrap()
         .status()
         .as_u16()
+}
+
+/// A ServiceAccount in the test namespace and a token for it; with `allowed`,
+/// a Role letting it update EphemeralRunners there.
+async fn service_account(world: &World, name: &str, allowed: bool) -> String {
+    let ns = world.env.namespace();
+    let client = world.env.client();
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    if allowed {
+        let roles: Api<Role> = Api::namespaced(client.clone(), ns);
+        roles
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": name},
+                    "rules": [{"apiGroups": ["arcwright.dev"], "resources": ["ephemeralrunners"], "verbs": ["get", "update"]}],
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+        let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
+        bindings
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": name},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                    "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let request = json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 600},
+    });
+    let issued: TokenRequest = accounts
+        .create_subresource("token", name, &PostParams::default(), &request)
+        .await
+        .unwrap();
+    issued.status.unwrap().token.expect("a token was issued")
+}
+
+/// Calls the hold API; returns the status and the JSON answer.
+async fn call_hold_api(
+    world: &World,
+    method: reqwest::Method,
+    name: &str,
+    token: Option<&str>,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let url = format!(
+        "{}/api/v1/namespaces/{}/ephemeralrunners/{name}/hold",
+        world.base,
+        world.env.namespace()
+    );
+    let mut request = reqwest::Client::new().request(method, url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn the_hold_api_extends_and_releases_for_those_allowed_to_update_the_runner() {
+    let world = World::new("hold-api").await;
+    let since = whole_seconds_ago(60);
+    world.held_runner("r", "Debugging", since).await;
+    let holder = service_account(&world, "holder", true).await;
+    let stranger = service_account(&world, "stranger", false).await;
+    let extend = || Some(json!({"duration": "30m"}));
+
+    // Refused: no token, a token the API server does not know, a user who
+    // may not update the runner. None of them changes the hold.
+    let refused = [
+        ("no token", None, 401),
+        ("a made-up token", Some("not-a-token"), 401),
+        ("not allowed", Some(stranger.as_str()), 403),
+    ];
+    for (name, token, want) in refused {
+        let (status, answer) =
+            call_hold_api(&world, reqwest::Method::POST, "r", token, extend()).await;
+        assert_eq!(status, want, "{name}: {answer}");
+        assert_eq!(world.hold_until("r").await, None, "{name} changed nothing");
+    }
+    let (status, answer) =
+        call_hold_api(&world, reqwest::Method::DELETE, "r", Some(&stranger), None).await;
+    assert_eq!(status, 403, "{answer}");
+    assert!(
+        answer["message"].as_str().unwrap().contains("stranger"),
+        "{answer}"
+    );
+
+    // Allowed: extended by 30m from the default end, then capped.
+    let (status, answer) =
+        call_hold_api(&world, reqwest::Method::POST, "r", Some(&holder), extend()).await;
+    assert_eq!(status, 200, "{answer}");
+    let extended = format_hold_until(since + SignedDuration::from_mins(40));
+    assert_eq!(answer["holdUntil"], extended.as_str());
+    assert_eq!(world.hold_until("r").await, Some(extended));
+    let five_hours = Some(json!({"duration": "5h"}));
+    let (status, answer) = call_hold_api(
+        &world,
+        reqwest::Method::POST,
+        "r",
+        Some(&holder),
+        five_hours,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let capped = format_hold_until(since + SignedDuration::from_mins(60));
+    assert_eq!(world.hold_until("r").await, Some(capped));
+
+    // Bad input is refused with a reason.
+    let vague = Some(json!({"duration": "a while"}));
+    let (status, answer) =
+        call_hold_api(&world, reqwest::Method::POST, "r", Some(&holder), vague).await;
+    assert_eq!(status, 400);
+    assert!(
+        answer["message"].as_str().unwrap().contains("30m"),
+        "{answer}"
+    );
+    let (status, _) = call_hold_api(
+        &world,
+        reqwest::Method::POST,
+        "absent",
+        Some(&holder),
+        extend(),
+    )
+    .await;
+    assert_eq!(status, 404);
+
+    // Released now.
+    let before = whole_seconds_ago(1);
+    let (status, answer) =
+        call_hold_api(&world, reqwest::Method::DELETE, "r", Some(&holder), None).await;
+    assert_eq!(status, 200, "{answer}");
+    let until: Timestamp = world.hold_until("r").await.unwrap().parse().unwrap();
+    assert!(before <= until && until <= Timestamp::now() + SignedDuration::from_secs(1));
 }
