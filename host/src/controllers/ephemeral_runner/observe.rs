@@ -227,3 +227,124 @@ pub(super) async fn observe_and_plan(
         _hold_gate: None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{EphemeralRunnerPhase, EphemeralRunnerSpec, EphemeralRunnerStatus};
+    use crate::controllers::ephemeral_runner::plan::{REGISTERED, SecretView, Settings, Step};
+    use crate::controllers::ephemeral_runner_set::plan::{self as set_plan, RunnerView, SetView};
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+    /// A runner pod whose init container (the slow setup: warming caches,
+    /// booting a VM) still runs, as the kubelet reports it.
+    fn initialising_pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "r", "uid": "pod-1", "creationTimestamp": "2026-12-01T08:00:00Z"},
+            "spec": {
+                "initContainers": [{"name": "setup", "image": "setup"}],
+                "containers": [{"name": "runner", "image": "runner"}],
+            },
+            "status": {
+                "phase": "Pending",
+                "conditions": [
+                    {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized"},
+                    {"type": "Ready", "status": "False", "reason": "ContainersNotReady"},
+                ],
+                "initContainerStatuses": [{
+                    "name": "setup", "image": "setup", "imageID": "", "ready": false, "restartCount": 0,
+                    "state": {"running": {"startedAt": "2026-12-01T08:00:01Z"}},
+                }],
+                "containerStatuses": [{
+                    "name": "runner", "image": "runner", "imageID": "", "ready": false, "restartCount": 0,
+                    "state": {"waiting": {"reason": "PodInitializing"}},
+                }],
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_runner_still_initialising_is_pending_and_never_idle() {
+        let view = pod_view(&initialising_pod());
+        assert_eq!(view.runner, RunnerContainer::Waiting);
+        assert!(!view.ready && !view.init_failed && !view.failed);
+
+        // Registered before its pod was made, five minutes into its setup
+        // (within the registration timeout, which counts the setup too),
+        // with a maxIdleAge of one minute.
+        let mut runner = EphemeralRunner::new(
+            "r",
+            EphemeralRunnerSpec {
+                max_idle_age: Some("1m".into()),
+                spec: PodSpec {
+                    containers: vec![Container {
+                        name: "runner".into(),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                },
+                ..EphemeralRunnerSpec::default()
+            },
+        );
+        runner.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        runner.status = Some(EphemeralRunnerStatus {
+            runner_id: 7,
+            conditions: vec![Condition {
+                type_: REGISTERED.into(),
+                status: "True".into(),
+                reason: "JitConfigCreated".into(),
+                message: String::new(),
+                last_transition_time: Time(view.created),
+                observed_generation: None,
+            }],
+            ..EphemeralRunnerStatus::default()
+        });
+        let observed = Observed {
+            runner: &runner,
+            pod: Some(view.clone()),
+            secret: Some(SecretView {
+                runner_id: 7,
+                runner_name: "r".into(),
+            }),
+            pool: PoolView::Idle,
+            verdict: None,
+            presence: None,
+            held: None,
+            now: view.created + jiff::SignedDuration::from_mins(5),
+        };
+        let plan = plan::plan(&observed, &Settings::default(), FINALIZER).unwrap();
+        // Pending and not ready: not renewed as an old idle runner, not
+        // deregistered, its pod left to finish its setup.
+        assert_eq!(plan.steps.len(), 1, "{:?}", plan.steps);
+        let Step::PatchStatus(status) = &plan.steps[0] else {
+            panic!("{:?}", plan.steps)
+        };
+        assert_eq!(status["status"]["phase"], "Pending");
+        assert!(status["status"].get("ready").is_none(), "stays false");
+
+        // The set counts it as pending, not running: the scaling input and
+        // the status see a warm pool still filling, not idle capacity.
+        let set = SetView {
+            generation: 1,
+            has_finalizer: true,
+            replicas: 1,
+            ..SetView::default()
+        };
+        let runners = [RunnerView {
+            name: "r".into(),
+            phase: Some(EphemeralRunnerPhase::Pending),
+            runner_id: 7,
+            ..RunnerView::default()
+        }];
+        let status = set_plan::plan(&set, &runners).status.unwrap();
+        assert_eq!(
+            (
+                status.pending_ephemeral_runners,
+                status.running_ephemeral_runners
+            ),
+            (1, 0)
+        );
+    }
+}
