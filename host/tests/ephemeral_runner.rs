@@ -15,22 +15,33 @@ use arcwright::actions::{
     ActionsClient, ClientOptions, ConfigUrl, Credentials, JitRunnerSetting, RetryPolicy,
     RunnerScaleSet, Secret as Token,
 };
+use arcwright::api::{DebugSpec, SecretKeyRef, SlackSpec};
 use arcwright::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec};
 use arcwright::controllers::Synced;
-use arcwright::controllers::ephemeral_runner::{self, Config, Dependencies, plan::Settings};
+use arcwright::controllers::ephemeral_runner::{
+    self, Config, Dependencies, SlackConfig, plan::Settings,
+};
 use arcwright::controllers::metrics::ControllerMetrics;
+use arcwright::controllers::metrics::RunnerLabels;
 use arcwright::credentials::ActionsClients;
+use arcwright::debug::HOLD_UNTIL_ANNOTATION;
+use arcwright::debug::hold::format_hold_until;
 use arcwright::policy::loader::PolicyLoader;
 use arcwright::policy::reporter::TracingReporter;
 use arcwright::policy::{EngineConfig, PolicyEngine};
 use arcwright::unregistration::PoolConfig;
 use arcwright_harness::TestEnv;
-use fake_actions::{Endpoint, FakeActions, FakeConfig, Fault, FaultKind, JobPhase, JobSpec};
+use fake_actions::{
+    Endpoint, FakeActions, FakeConfig, Fault, FaultKind, JobOutcome, JobPhase, JobSpec,
+};
 use futures::StreamExt;
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Container, Event, Pod, PodSpec, Secret};
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use runner_simulator::{Rule, Scenario, Simulator, SimulatorConfig, Stage};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -58,6 +69,7 @@ fn fast_settings() -> Settings {
         terminating_timeout: Duration::from_secs(600),
         removal_recheck: Duration::from_secs(5),
         removal_retry: Duration::from_secs(1),
+        result_wait: Duration::from_secs(10),
     }
 }
 
@@ -72,10 +84,16 @@ struct World {
     shutdown: CancellationToken,
     controller: Option<tokio::task::JoinHandle<()>>,
     settings: Settings,
+    metrics: ControllerMetrics,
+    slack: SlackConfig,
 }
 
 impl World {
     async fn new(name: &str, settings: Settings) -> World {
+        World::with_slack(name, settings, SlackConfig::default()).await
+    }
+
+    async fn with_slack(name: &str, settings: Settings, slack: SlackConfig) -> World {
         let env = TestEnv::new(name).await;
         common::install_crds(env.client()).await;
         let fake = FakeActions::start(FakeConfig::default()).await.unwrap();
@@ -105,6 +123,8 @@ impl World {
             shutdown: CancellationToken::new(),
             controller: None,
             settings,
+            metrics: ControllerMetrics::default(),
+            slack,
         };
         world.start_controller();
         world
@@ -120,7 +140,7 @@ impl World {
                 Some(client),
             ),
             reporter: Arc::new(TracingReporter::default()),
-            metrics: ControllerMetrics::default(),
+            metrics: self.metrics.clone(),
         };
         let config = Config {
             namespace: Some(self.env.namespace().to_string()),
@@ -131,6 +151,7 @@ impl World {
                 max_idle_wait: Duration::from_secs(1),
             },
             error_retry: Duration::from_millis(300),
+            slack: self.slack.clone(),
             ..Config::default()
         };
         self.shutdown = CancellationToken::new();
@@ -164,7 +185,15 @@ impl World {
     }
 
     async fn create_runner(&self, name: &str) -> EphemeralRunner {
-        let spec = EphemeralRunnerSpec {
+        self.create_runner_with(name, |_| {}).await
+    }
+
+    async fn create_runner_with(
+        &self,
+        name: &str,
+        customise: impl FnOnce(&mut EphemeralRunnerSpec),
+    ) -> EphemeralRunner {
+        let mut spec = EphemeralRunnerSpec {
             github_config_url: self.fake.org_url("octo"),
             github_config_secret: "github-auth".into(),
             runner_scale_set_id: self.scale_set_id,
@@ -179,6 +208,7 @@ impl World {
             },
             ..EphemeralRunnerSpec::default()
         };
+        customise(&mut spec);
         self.runners()
             .create(&PostParams::default(), &EphemeralRunner::new(name, spec))
             .await
@@ -245,6 +275,45 @@ impl World {
         // events.k8s.io events show up in the core API with their note as message.
         out.sort();
         out
+    }
+
+    /// Waits until a runner works on a job; returns the job's id.
+    async fn wait_working(&self) -> u64 {
+        let working = |r: &runner_simulator::RunnerRecord| match r.stage {
+            Stage::Working { job } => Some(job),
+            _ => None,
+        };
+        let records = self
+            .sim
+            .wait_until(WAIT, |records| records.iter().any(|r| working(r).is_some()))
+            .await
+            .expect("the runner took its job");
+        records.iter().find_map(working).unwrap()
+    }
+
+    /// Writes the runner's status as the listener does on job messages.
+    async fn record_job(&self, name: &str, fields: serde_json::Value) {
+        self.runners()
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": fields })),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn annotate_hold_until(&self, name: &str, at: Timestamp) {
+        self.runners()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {
+                    HOLD_UNTIL_ANNOTATION: format_hold_until(at),
+                }}})),
+            )
+            .await
+            .unwrap();
     }
 
     fn ledger(&self) -> fake_actions::Ledger {
@@ -443,15 +512,7 @@ async fn job_still_running_keeps_the_pod() {
         .acquire_jobs(JobSpec::new(1, &[]).lasting(Duration::from_secs(3)))
         .await;
     world.create_runner("r-busy").await;
-    world
-        .sim
-        .wait_until(WAIT, |records| {
-            records
-                .iter()
-                .any(|r| matches!(r.stage, Stage::Working { .. }))
-        })
-        .await
-        .expect("the runner took its job");
+    world.wait_working().await;
     let fake = world.fake.control();
     let watch = at_pod_deletion(world.pods(), "r-busy", move || fake.jobs()).await;
     world
@@ -714,5 +775,354 @@ async fn host_restarted_between_jit_config_and_pod_leaks_no_registration() {
     assert_eq!(
         ledger.still_registered, 0,
         "no registration leaked: {ledger:?}"
+    );
+}
+
+fn debug(hold: &str, max_hold: &str, max_held: i32) -> DebugSpec {
+    DebugSpec {
+        hold_failed_for: Some(hold.into()),
+        max_hold: Some(max_hold.into()),
+        max_held: Some(max_held),
+        slack: None,
+    }
+}
+
+fn hold_times(r: &EphemeralRunner) -> Option<(Timestamp, Timestamp)> {
+    let status = r.status.as_ref()?;
+    Some((status.held_since.as_ref()?.0, status.hold_until.as_ref()?.0))
+}
+
+fn registration_gone(r: &EphemeralRunner) -> bool {
+    r.status
+        .as_ref()
+        .and_then(|s| s.condition("Registered"))
+        .is_some_and(|c| c.status == "False")
+}
+
+#[tokio::test]
+async fn a_failed_jobs_runner_is_held_deregistered_extended_within_the_cap_and_released() {
+    let world = World::new("debug-hold", fast_settings()).await;
+    world
+        .acquire_jobs(
+            JobSpec::new(1, &[])
+                .lasting(Duration::from_secs(2))
+                .ending(JobOutcome::Failed),
+        )
+        .await;
+    world
+        .create_runner_with("r-held", |spec| spec.debug = Some(debug("10m", "1h", 1)))
+        .await;
+
+    // The listener's part: the job on JobStarted, its result on JobCompleted.
+    let job = world.wait_working().await;
+    world
+        .record_job(
+            "r-held",
+            json!({"jobRequestId": job, "jobId": format!("job-{job}"), "jobRepositoryName": "octo/app"}),
+        )
+        .await;
+    let snapshot = world
+        .fake
+        .control()
+        .wait_until(WAIT, |s| {
+            s.jobs.iter().any(|j| j.phase == JobPhase::Finished)
+        })
+        .await
+        .expect("the job finished");
+    assert_eq!(snapshot.jobs[0].result.as_deref(), Some("failed"));
+    world
+        .record_job(
+            "r-held",
+            json!({"jobResult": "failed", "jobFinishedAt": Time(Timestamp::now())}),
+        )
+        .await;
+
+    // Held: Debugging until 10 minutes after the job's end, the
+    // registration removed, the pod kept.
+    let held = world
+        .wait_runner("r-held", "was held with its registration gone", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Debugging) && registration_gone(r)
+        })
+        .await;
+    let (since, until) = hold_times(&held).unwrap();
+    let recorded_end = held
+        .status
+        .as_ref()
+        .unwrap()
+        .job_finished_at
+        .clone()
+        .unwrap()
+        .0;
+    assert_eq!(since, recorded_end, "counted from the job's end");
+    assert_eq!(until.as_second() - since.as_second(), 600);
+    let runner_id = held.status.as_ref().unwrap().runner_id as u64;
+    assert!(
+        !world
+            .fake
+            .control()
+            .runners()
+            .iter()
+            .any(|r| r.id == runner_id),
+        "the registration is gone from the service"
+    );
+    let pod = world.pods().get("r-held").await.unwrap();
+    assert!(pod.metadata.deletion_timestamp.is_none());
+    let labels = RunnerLabels {
+        namespace: world.env.namespace().to_string(),
+        scale_set: String::new(),
+        phase: "Debugging".into(),
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while world.metrics.runners.get_or_create(&labels).get() != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the gauge shows the held runner"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Extended past the cap: held until the cap, an hour after the job.
+    world
+        .annotate_hold_until("r-held", since + jiff::SignedDuration::from_hours(3))
+        .await;
+    let extended = world
+        .wait_runner("r-held", "was extended", |r| {
+            hold_times(r).is_some_and(|(_, u)| u != until)
+        })
+        .await;
+    let (_, capped) = hold_times(&extended).unwrap();
+    assert_eq!(
+        capped.as_second() - since.as_second(),
+        3600,
+        "capped by maxHold"
+    );
+    assert_eq!(phase(&extended), Some(EphemeralRunnerPhase::Debugging));
+
+    // Moved to a few seconds from now: the pod goes when that time comes,
+    // not before.
+    let watch = at_pod_deletion(world.pods(), "r-held", Timestamp::now).await;
+    let soon = Timestamp::from_second(Timestamp::now().as_second() + 3).unwrap();
+    world.annotate_hold_until("r-held", soon).await;
+    let deleted_at = tokio::time::timeout(WAIT, watch).await.unwrap().unwrap();
+    assert!(
+        deleted_at.as_second() >= soon.as_second(),
+        "the pod was deleted at {deleted_at}, before the hold ended at {soon}"
+    );
+    let released = world
+        .wait_runner("r-held", "was released", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Failed)
+        })
+        .await;
+    let status = released.status.unwrap();
+    assert_eq!(status.reason.as_deref(), Some("HoldEnded"));
+    assert_eq!(status.hold_until.unwrap().0.as_second(), soon.as_second());
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while world.secrets().get_opt("r-held").await.unwrap().is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the Secret goes too"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(world.ledger().still_registered, 0);
+}
+
+#[tokio::test]
+async fn max_held_caps_the_runners_held_at_once() {
+    let world = World::new("debug-max-held", fast_settings()).await;
+    // Both runners crash while they have a job (the listener recorded it):
+    // their registrations stay in the service unless the controller
+    // removes them.
+    world.sim.add_rule(Rule::next(
+        2,
+        Scenario::fail().with_start_delay(Duration::from_millis(500)),
+    ));
+    for name in ["r-first", "r-second"] {
+        world
+            .create_runner_with(name, |spec| spec.debug = Some(debug("10m", "1h", 1)))
+            .await;
+        world
+            .record_job(name, json!({"jobRequestId": 1, "jobId": "job-1"}))
+            .await;
+        let ended = world
+            .wait_runner(name, "ended", |r| {
+                matches!(
+                    phase(r),
+                    Some(EphemeralRunnerPhase::Debugging | EphemeralRunnerPhase::Failed)
+                )
+            })
+            .await;
+        let status = ended.status.unwrap();
+        let held = status.condition("HeldForDebugging").unwrap();
+        if name == "r-first" {
+            assert_eq!(status.phase, Some(EphemeralRunnerPhase::Debugging));
+            assert_eq!(status.exit_code, Some(1));
+        } else {
+            assert_eq!(status.phase, Some(EphemeralRunnerPhase::Failed));
+            assert_eq!(status.reason.as_deref(), Some("JobFailed"));
+            assert_eq!(held.reason, "MaxHeld", "{held:?}");
+        }
+    }
+    // The one not held is cleaned up as usual; the held one keeps its pod,
+    // and both registrations are gone from the service.
+    world
+        .wait_runner("r-second", "lost its registration", registration_gone)
+        .await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while world.pods().get_opt("r-second").await.unwrap().is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "r-second's pod goes"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let first = world
+        .wait_runner("r-first", "lost its registration", registration_gone)
+        .await;
+    assert_eq!(phase(&first), Some(EphemeralRunnerPhase::Debugging));
+    assert!(world.pods().get_opt("r-first").await.unwrap().is_some());
+    assert_eq!(world.ledger().still_registered, 0);
+    assert!(world.fake.control().runners().is_empty());
+}
+
+#[tokio::test]
+async fn a_held_failure_is_posted_to_slack_with_the_job_and_the_buttons() {
+    let slack = fake_slack::FakeSlack::start("xoxb-bot-token")
+        .await
+        .unwrap();
+    let world = World::with_slack(
+        "debug-slack",
+        fast_settings(),
+        SlackConfig {
+            api_url: slack.api_url().parse().unwrap(),
+            extend_by: Duration::from_secs(1800),
+        },
+    )
+    .await;
+    let token: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "slack-bot"},
+        "stringData": {"bot-token": "xoxb-bot-token"},
+    }))
+    .unwrap();
+    world
+        .secrets()
+        .create(&PostParams::default(), &token)
+        .await
+        .unwrap();
+    world.sim.add_rule(Rule::next(
+        1,
+        Scenario::fail().with_start_delay(Duration::from_millis(500)),
+    ));
+    world
+        .create_runner_with("r-told", |spec| {
+            spec.debug = Some(DebugSpec {
+                slack: Some(SlackSpec {
+                    channel: "#ci-failures".into(),
+                    token_secret_ref: SecretKeyRef {
+                        name: "slack-bot".into(),
+                        key: Some("bot-token".into()),
+                    },
+                }),
+                ..debug("10m", "1h", 1)
+            })
+        })
+        .await;
+    world
+        .record_job(
+            "r-told",
+            json!({
+                "jobRequestId": 1, "jobId": "job-1",
+                "jobRepositoryName": "octo/app",
+                "jobWorkflowRef": "octo/app/.github/workflows/ci.yaml@refs/heads/main",
+                "jobDisplayName": "unit tests",
+                "jobFinishedAt": Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap()),
+            }),
+        )
+        .await;
+    let held = world
+        .wait_runner("r-told", "was held", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Debugging)
+        })
+        .await;
+    let until = held.status.unwrap().hold_until.unwrap().0;
+    let posts = slack.wait_for_posts(1, WAIT).await.expect("Slack was told");
+    assert_eq!(posts.len(), 1);
+    let post = &posts[0];
+    assert!(post.accepted, "{post:?}");
+    assert_eq!(post.token.as_deref(), Some("xoxb-bot-token"));
+    assert_eq!(post.body["channel"], "#ci-failures");
+    let text = post.body.to_string();
+    for needle in [
+        "octo/app",
+        "ci.yaml@refs/heads/main",
+        "unit tests",
+        &format!("{}/r-told", world.env.namespace()),
+        &format!("kubectl exec -it -n {} r-told -- sh", world.env.namespace()),
+        &format_hold_until(until),
+        "Extend 30m",
+        "Release",
+        &format!("\"value\":\"{}/r-told\"", world.env.namespace()),
+    ] {
+        assert!(text.contains(needle), "{needle} in {text}");
+    }
+    // The token is in no status and no event.
+    let runner = serde_json::to_string(&world.runners().get("r-told").await.unwrap()).unwrap();
+    let events = format!("{:?}", world.events("r-told").await);
+    assert!(!runner.contains("xoxb") && !events.contains("xoxb"));
+}
+
+#[tokio::test]
+async fn an_idle_runner_past_max_idle_age_gets_a_new_registration_and_pod_registration_first() {
+    let world = World::new("max-idle-age", fast_settings()).await;
+    // No job is queued: the runner connects and stays idle.
+    world
+        .create_runner_with("r-idle", |spec| spec.max_idle_age = Some("3s".into()))
+        .await;
+    let first = world
+        .wait_runner("r-idle", "ran", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Running)
+        })
+        .await;
+    let first_id = first.status.unwrap().runner_id;
+    let first_pod = world.pods().get("r-idle").await.unwrap();
+    let fake = world.fake.control();
+    let watch = at_pod_deletion(world.pods(), "r-idle", move || fake.runners()).await;
+    let Ok(registered_at_deletion) = tokio::time::timeout(WAIT, watch).await else {
+        panic!(
+            "the pod was never deleted: {:#?} {:?}",
+            world.runners().get("r-idle").await.unwrap().status,
+            world.events("r-idle").await
+        );
+    };
+    let registered_at_deletion = registered_at_deletion.unwrap();
+    assert!(
+        !registered_at_deletion
+            .iter()
+            .any(|r| r.id == first_id as u64),
+        "registration {first_id} was removed before the pod was deleted: {registered_at_deletion:?}"
+    );
+    let renewed = world
+        .wait_runner("r-idle", "was renewed", |r| {
+            r.status.as_ref().is_some_and(|s| {
+                s.runner_id != first_id && s.phase == Some(EphemeralRunnerPhase::Running)
+            })
+        })
+        .await;
+    let status = renewed.status.unwrap();
+    assert!(
+        status.failures.is_empty(),
+        "not a failed start: {:?}",
+        status.failures
+    );
+    assert_ne!(
+        world.pods().get("r-idle").await.unwrap().metadata.uid,
+        first_pod.metadata.uid
+    );
+    assert!(
+        world
+            .events("r-idle")
+            .await
+            .iter()
+            .any(|(reason, _)| reason == "MaxIdleAge")
     );
 }

@@ -5,7 +5,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use super::shared::{GitHubServerTls, PolicyRefs, ProxySpec, ResourceMeta, pod_template_schema};
+use super::shared::{
+    DURATION_PATTERN, DebugSpec, GitHubServerTls, PolicyRefs, ProxySpec, ResourceMeta,
+    pod_template_schema,
+};
 
 /// A runner scale set: where it registers, how its runners look, how many
 /// it may have, and the policies that make its judgement calls.
@@ -81,6 +84,16 @@ pub struct AutoscalingRunnerSetSpec {
     /// The policies making the scale set's judgement calls.
     #[serde(flatten)]
     pub policies: PolicyRefs,
+    /// Holding failed runners for debugging, and telling Slack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debug: Option<DebugSpec>,
+    /// Idle runners (registered, running, no job) whose pod is older than
+    /// this are replaced, their registration removed first, so a
+    /// long-lived warm pool does not age (`12h`). Omitted: idle runners
+    /// live until they take a job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub max_idle_age: Option<String>,
     /// Extra metadata for the EphemeralRunnerSet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ephemeral_runner_set_metadata: Option<ResourceMeta>,

@@ -9,7 +9,10 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::shared::{GitHubServerTls, PolicyRefs, ProxySpec, ResourceMeta, pod_spec_schema};
+use super::shared::{
+    DURATION_PATTERN, DebugSpec, GitHubServerTls, PolicyRefs, ProxySpec, ResourceMeta,
+    pod_spec_schema,
+};
 
 /// One ephemeral runner: registered once with the Actions service, run in one
 /// pod at a time, removed from the service before its pod goes.
@@ -30,6 +33,7 @@ use super::shared::{GitHubServerTls, PolicyRefs, ProxySpec, ResourceMeta, pod_sp
     printcolumn = r#"{"name":"RunnerId","type":"integer","jsonPath":".status.runnerId"}"#,
     printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"JobRepository","type":"string","jsonPath":".status.jobRepositoryName"}"#,
+    printcolumn = r#"{"name":"Hold Until","type":"string","jsonPath":".status.holdUntil"}"#,
     printcolumn = r#"{"name":"JobWorkflowRef","type":"string","jsonPath":".status.jobWorkflowRef","priority":1}"#,
     printcolumn = r#"{"name":"WorkflowRunId","type":"integer","jsonPath":".status.workflowRunId","priority":1}"#,
     printcolumn = r#"{"name":"JobDisplayName","type":"string","jsonPath":".status.jobDisplayName","priority":1}"#,
@@ -65,6 +69,15 @@ pub struct EphemeralRunnerSpec {
     /// The policies, as the AutoscalingRunnerSet declared them.
     #[serde(flatten)]
     pub policies: PolicyRefs,
+    /// Holding the runner for debugging when its job fails, as the
+    /// AutoscalingRunnerSet declared it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debug: Option<DebugSpec>,
+    /// The age of its pod past which the runner, while idle, gets a new
+    /// registration and pod, as the AutoscalingRunnerSet declared it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub max_idle_age: Option<String>,
     /// The runner pod's metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<ObjectMeta>,
@@ -89,6 +102,13 @@ pub enum EphemeralRunnerPhase {
     /// The runner refused to run because its version is outdated (exit code
     /// 7); the scale set reacts to it.
     Outdated,
+    /// Its job failed and it is held for someone to look inside until
+    /// `status.holdUntil`: its registration is removed, so it takes no
+    /// other job, but its pod is kept. The set does not count it towards
+    /// its replicas (a replacement is created) and never deletes it; the
+    /// runner's own controller ends the hold (phase Failed, reason
+    /// `HoldEnded`) and removes the pod.
+    Debugging,
 }
 
 impl EphemeralRunnerPhase {
@@ -100,10 +120,12 @@ impl EphemeralRunnerPhase {
             Self::Succeeded => "Succeeded",
             Self::Failed => "Failed",
             Self::Outdated => "Outdated",
+            Self::Debugging => "Debugging",
         }
     }
 
-    /// Succeeded, Failed and Outdated are final (ARC's `IsDone`).
+    /// Succeeded, Failed and Outdated are final (ARC's `IsDone`). Debugging
+    /// is not: the hold ends in Failed.
     pub fn is_done(self) -> bool {
         matches!(self, Self::Succeeded | Self::Failed | Self::Outdated)
     }
@@ -176,6 +198,15 @@ pub struct EphemeralRunnerStatus {
     /// The standard conditions: `Registered`, `PolicyFallback`...
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// Where a debug hold is counted from: the job's end as the listener
+    /// recorded it, or when the failure was seen. The cap (`maxHold`) is
+    /// counted from here, so extending cannot move it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_since: Option<Time>,
+    /// When the debug hold ends: `holdFailedFor` after the job's end, or
+    /// the `arcwright.dev/hold-until` annotation, capped by `maxHold`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_until: Option<Time>,
 }
 
 impl EphemeralRunnerStatus {

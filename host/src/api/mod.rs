@@ -25,7 +25,8 @@ pub use ephemeral_runner_set::{
     EphemeralRunnerSet, EphemeralRunnerSetPhase, EphemeralRunnerSetSpec, EphemeralRunnerSetStatus,
 };
 pub use shared::{
-    GitHubServerTls, PolicyRefs, ProxyServer, ProxySpec, ResourceMeta, TlsCertificateSource,
+    DebugSpec, GitHubServerTls, PolicyRefs, ProxyServer, ProxySpec, ResourceMeta, SecretKeyRef,
+    SlackSpec, TlsCertificateSource,
 };
 
 /// The API group.

@@ -86,6 +86,68 @@ pub struct PolicyRefs {
     pub pod_validation_policy: Option<PolicyRef>,
 }
 
+/// The shape of the durations the debug settings take: whole hours,
+/// minutes and seconds (`30m`, `1h30m`, `90s`). Refused by the apiserver
+/// otherwise, so `30 mins` fails at `kubectl apply` rather than when the first
+/// job fails; the controller parses the same form ([`crate::debug::hold`]).
+pub const DURATION_PATTERN: &str = r"^([0-9]+h([0-9]+m)?([0-9]+s)?|[0-9]+m([0-9]+s)?|[0-9]+s)$";
+
+/// Holding a failed job's runner for someone to look inside (meows' debug
+/// hold), declared on the AutoscalingRunnerSet and carried down unchanged to
+/// its EphemeralRunnerSet and EphemeralRunners like the policies, so the
+/// runner's reconciler reads it from its own object.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DebugSpec {
+    /// How long the pod of a runner whose job failed is kept after the job
+    /// ended (`30m`, `1h30m`). Its registration is removed at once, so it
+    /// takes no other job. Omitted: failed runners are removed as usual.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub hold_failed_for: Option<String>,
+    /// The latest a hold may be extended to, counted from the job's end
+    /// (the `arcwright.dev/hold-until` annotation, the Slack button and the
+    /// hold API are capped by it). Omitted: `holdFailedFor`, so nothing is
+    /// held longer than declared unless extensions are allowed here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub max_hold: Option<String>,
+    /// At most this many runners of the scale set are held at once; a
+    /// failure beyond it is removed as usual. Omitted: 5, because every
+    /// held pod keeps its node resources while the set creates replacements
+    /// (a broken main branch must not fill the cluster with held pods).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_held: Option<i32>,
+    /// Where a held failure is announced in Slack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slack: Option<SlackSpec>,
+}
+
+/// A Slack channel and the bot token that posts to it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SlackSpec {
+    /// The channel id (`C0123456789`) or name (`#ci-failures`).
+    #[schemars(length(min = 1))]
+    pub channel: String,
+    /// The Secret key holding the bot token (`xoxb-...`), in the scale
+    /// set's namespace.
+    pub token_secret_ref: SecretKeyRef,
+}
+
+/// A key of a Secret in the same namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// The key; `token` when omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
 /// The schema of a full `PodTemplateSpec`, as k8s-openapi describes it, with
 /// what the API server refuses in a CRD corrected.
 ///

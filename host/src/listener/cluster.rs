@@ -200,7 +200,9 @@ fn count(mut counts: RunnerCounts, runner: &EphemeralRunner) -> RunnerCounts {
             }
         }
         EphemeralRunnerPhase::Succeeded => counts.succeeded += 1,
-        EphemeralRunnerPhase::Failed => counts.failed += 1,
+        // A runner held for debugging is a failed job's runner that takes no
+        // new job: to a scaling policy it is one more failed runner.
+        EphemeralRunnerPhase::Failed | EphemeralRunnerPhase::Debugging => counts.failed += 1,
         EphemeralRunnerPhase::Outdated => counts.outdated += 1,
     }
     counts

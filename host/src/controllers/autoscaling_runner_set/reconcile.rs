@@ -346,6 +346,8 @@ fn desired_runner_spec(set: &AutoscalingRunnerSet, id: i64) -> EphemeralRunnerSp
             .ephemeral_runner_config_secret_metadata
             .clone(),
         policies: spec.policies.clone(),
+        debug: spec.debug.clone(),
+        max_idle_age: spec.max_idle_age.clone(),
         metadata: spec.template.metadata.clone(),
         spec: spec.template.spec.clone().unwrap_or_default(),
     }

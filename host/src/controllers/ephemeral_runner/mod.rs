@@ -38,6 +38,7 @@ use crate::controllers::metrics::{ControllerMetrics, RunnerLabels};
 use crate::credentials::{ActionsClients, ActionsRemover, CredentialsError, GitHubTarget};
 use crate::policy::loader::{LoadedPolicy, PolicyLoader, PolicyRef};
 use crate::policy::{PolicyError, PolicyKind, PolicyReporter};
+use crate::slack::SlackClient;
 use crate::unregistration::{PoolConfig, UnregistrationKey, UnregistrationPool};
 
 /// The finalizer that holds an EphemeralRunner until its registration, pod
@@ -121,6 +122,28 @@ pub struct Config {
     pub user_agent: String,
     /// The delay before a failed reconcile is retried.
     pub error_retry: Duration,
+    /// Where held failures are posted, for scale sets that name a channel.
+    pub slack: SlackConfig,
+}
+
+/// The Slack Web API held failures are posted to.
+#[derive(Clone, Debug)]
+pub struct SlackConfig {
+    /// The Web API's base URL ([`crate::slack::DEFAULT_API_URL`]).
+    pub api_url: url::Url,
+    /// What the Extend button says it adds; the interaction endpoint must
+    /// be configured with the same.
+    pub extend_by: Duration,
+}
+
+impl Default for SlackConfig {
+    fn default() -> Self {
+        Self {
+            api_url: url::Url::parse(crate::slack::DEFAULT_API_URL)
+                .unwrap_or_else(|_| unreachable!("the default Slack URL parses")),
+            extend_by: crate::slack::DEFAULT_EXTEND_BY,
+        }
+    }
 }
 
 impl Default for Config {
@@ -132,6 +155,7 @@ impl Default for Config {
             concurrency: 8,
             user_agent: format!("arcwright/{}", env!("CARGO_PKG_VERSION")),
             error_retry: Duration::from_secs(5),
+            slack: SlackConfig::default(),
         }
     }
 }
@@ -160,6 +184,11 @@ pub(crate) struct Context {
     /// Loaded deregistration policies by namespace and reference, so a
     /// reference shared by thousands of runners is compiled and watched once.
     policies: Mutex<HashMap<(String, String), Arc<LoadedPolicy>>>,
+    /// Taken while a runner counts the held runners of its scale set and
+    /// records its own hold; see `observe::Planned`.
+    hold_gate: Arc<tokio::sync::Mutex<()>>,
+    /// Posts held failures; `None` if its HTTP client could not be built.
+    slack: Option<SlackClient>,
 }
 
 impl Context {
@@ -224,9 +253,12 @@ async fn reconcile(
     let _timer = ctx.deps.metrics.time(CONTROLLER);
     let namespace = runner.namespace().unwrap_or_default();
     let name = runner.name_any();
-    let plan = observe::observe_and_plan(&runner, &ctx).await?;
+    let planned = observe::observe_and_plan(&runner, &ctx).await?;
+    let plan = &planned.plan;
     tracing::debug!(runner = %name, %namespace, ?plan, "reconciled");
-    let finalized = apply::apply(&runner, &plan, &ctx).await?;
+    let finalized = apply::apply(&runner, plan, &ctx).await?;
+    let requeue = plan.requeue;
+    drop(planned);
     let scale_set = runner
         .labels()
         .get(labels::SCALE_SET_NAME)
@@ -244,7 +276,7 @@ async fn reconcile(
             .to_string(),
     });
     ctx.deps.metrics.runner(&namespace, &name, counted);
-    Ok(match plan.requeue {
+    Ok(match requeue {
         Some(after) => Action::requeue(after),
         // A periodic look even when nothing is expected: the pool's outcomes
         // are kept in memory only, and a missed wake-up must not strand a
@@ -308,6 +340,14 @@ pub async fn run(
         deps,
         pool,
         policies: Mutex::new(HashMap::new()),
+        hold_gate: Arc::new(tokio::sync::Mutex::new(())),
+        slack: match SlackClient::new(config.slack.api_url.clone()) {
+            Ok(slack) => Some(slack),
+            Err(error) => {
+                tracing::error!(%error, "Slack notifications are off");
+                None
+            }
+        },
         config: config.clone(),
     });
     let woken = futures::stream::unfold(woken, |mut rx| async move {

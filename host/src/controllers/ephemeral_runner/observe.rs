@@ -3,6 +3,7 @@
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::ListParams;
 use kube::{Api, Resource, ResourceExt};
 
 use super::plan::{
@@ -12,7 +13,7 @@ use super::plan::{
 use super::resources::read_jit_secret;
 use super::{Context, EphemeralRunnerError, FINALIZER, github_target, kube_error};
 use crate::actions::ActionsError;
-use crate::api::EphemeralRunner;
+use crate::api::{EphemeralRunner, EphemeralRunnerPhase, labels};
 use crate::unregistration::Removal;
 
 /// Whether `object` is owned by `runner` (a same-named object someone else
@@ -29,24 +30,28 @@ fn owned_by<K: Resource>(object: &K, runner: &EphemeralRunner) -> bool {
 /// on, so the watch drops exactly the updates the plan cannot see.
 pub(super) fn pod_view(pod: &Pod) -> PodView {
     let status = pod.status.clone().unwrap_or_default();
-    let runner = status
+    let runner_state = status
         .container_statuses
         .iter()
         .flatten()
         .find(|c| c.name == RUNNER_CONTAINER)
-        .and_then(|c| c.state.as_ref())
-        .map_or(RunnerContainer::Waiting, |state| {
-            if let Some(t) = &state.terminated {
-                RunnerContainer::Terminated {
-                    exit_code: t.exit_code,
-                    reason: t.reason.clone().unwrap_or_default(),
-                }
-            } else if state.running.is_some() {
-                RunnerContainer::Running
-            } else {
-                RunnerContainer::Waiting
+        .and_then(|c| c.state.as_ref());
+    let finished = runner_state
+        .and_then(|s| s.terminated.as_ref())
+        .and_then(|t| t.finished_at.as_ref())
+        .map(|t| t.0);
+    let runner = runner_state.map_or(RunnerContainer::Waiting, |state| {
+        if let Some(t) = &state.terminated {
+            RunnerContainer::Terminated {
+                exit_code: t.exit_code,
+                reason: t.reason.clone().unwrap_or_default(),
             }
-        });
+        } else if state.running.is_some() {
+            RunnerContainer::Running
+        } else {
+            RunnerContainer::Waiting
+        }
+    });
     let init_failed = status.init_container_statuses.iter().flatten().any(|c| {
         c.state
             .as_ref()
@@ -78,8 +83,43 @@ pub(super) fn pod_view(pod: &Pod) -> PodView {
         failed,
         init_failed,
         ready,
+        finished,
         failure_message,
     }
+}
+
+/// A plan, and when it holds a runner for debugging, the gate that keeps
+/// another runner from counting the held runners until this one's status
+/// is written (so two failures at once cannot both take the last place
+/// under `maxHeld`). Drop it after applying the plan.
+pub(super) struct Planned {
+    pub(super) plan: plan::Plan,
+    pub(super) _hold_gate: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+/// How many runners of `runner`'s scale set, other than it, are held.
+async fn held_count(
+    runner: &EphemeralRunner,
+    ctx: &Context,
+) -> Result<usize, EphemeralRunnerError> {
+    let namespace = runner.namespace().unwrap_or_default();
+    let api: Api<EphemeralRunner> = Api::namespaced(ctx.deps.client.clone(), &namespace);
+    let selector = match runner.labels().get(labels::SCALE_SET_NAME) {
+        Some(scale_set) => format!("{}={scale_set}", labels::SCALE_SET_NAME),
+        None => format!("!{}", labels::SCALE_SET_NAME),
+    };
+    let listed = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(kube_error("list the scale set's runners"))?;
+    Ok(listed
+        .items
+        .iter()
+        .filter(|r| r.uid() != runner.uid())
+        .filter(|r| {
+            r.status.as_ref().and_then(|s| s.phase) == Some(EphemeralRunnerPhase::Debugging)
+        })
+        .count())
 }
 
 /// Reads the runner's pod and Secret, asks the pool about its registration,
@@ -87,7 +127,7 @@ pub(super) fn pod_view(pod: &Pod) -> PodView {
 pub(super) async fn observe_and_plan(
     runner: &EphemeralRunner,
     ctx: &Context,
-) -> Result<plan::Plan, EphemeralRunnerError> {
+) -> Result<Planned, EphemeralRunnerError> {
     let namespace = runner.namespace().unwrap_or_default();
     let name = runner.name_any();
     let pods: Api<Pod> = Api::namespaced(ctx.deps.client.clone(), &namespace);
@@ -136,12 +176,23 @@ pub(super) async fn observe_and_plan(
         pool,
         verdict: None,
         presence: None,
+        held: None,
         now: Timestamp::now(),
     };
-    // Each need is answered once, so this ends after at most three rounds.
-    for _ in 0..3 {
+    let mut hold_gate = None;
+    // Each need is answered once, so this ends after at most four rounds.
+    for _ in 0..4 {
         match plan::plan(&observed, &ctx.config.settings, FINALIZER) {
-            Ok(plan) => return Ok(plan),
+            Ok(plan) => {
+                return Ok(Planned {
+                    plan,
+                    _hold_gate: hold_gate,
+                });
+            }
+            Err(Need::HeldCount) => {
+                hold_gate = Some(ctx.hold_gate.clone().lock_owned().await);
+                observed.held = Some(held_count(runner, ctx).await?);
+            }
             Err(Need::Verdict(ending)) => {
                 let loaded = ctx
                     .deregistration_policy(
@@ -169,14 +220,139 @@ pub(super) async fn observe_and_plan(
         }
     }
     // Unreachable with a well-formed plan; answered as "look again".
-    Ok(plan::Plan {
-        steps: Vec::new(),
-        requeue: Some(ctx.config.error_retry),
+    Ok(Planned {
+        plan: plan::Plan {
+            steps: Vec::new(),
+            requeue: Some(ctx.config.error_retry),
+        },
+        _hold_gate: None,
     })
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::api::{EphemeralRunnerPhase, EphemeralRunnerSpec, EphemeralRunnerStatus};
+    use crate::controllers::ephemeral_runner::plan::{REGISTERED, SecretView, Settings, Step};
+    use crate::controllers::ephemeral_runner_set::plan::{self as set_plan, RunnerView, SetView};
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+    /// A runner pod whose init container (the slow setup: warming caches,
+    /// booting a VM) still runs, as the kubelet reports it.
+    fn initialising_pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "r", "uid": "pod-1", "creationTimestamp": "2026-12-01T08:00:00Z"},
+            "spec": {
+                "initContainers": [{"name": "setup", "image": "setup"}],
+                "containers": [{"name": "runner", "image": "runner"}],
+            },
+            "status": {
+                "phase": "Pending",
+                "conditions": [
+                    {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized"},
+                    {"type": "Ready", "status": "False", "reason": "ContainersNotReady"},
+                ],
+                "initContainerStatuses": [{
+                    "name": "setup", "image": "setup", "imageID": "", "ready": false, "restartCount": 0,
+                    "state": {"running": {"startedAt": "2026-12-01T08:00:01Z"}},
+                }],
+                "containerStatuses": [{
+                    "name": "runner", "image": "runner", "imageID": "", "ready": false, "restartCount": 0,
+                    "state": {"waiting": {"reason": "PodInitializing"}},
+                }],
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_runner_still_initialising_is_pending_and_never_idle() {
+        let view = pod_view(&initialising_pod());
+        assert_eq!(view.runner, RunnerContainer::Waiting);
+        assert!(!view.ready && !view.init_failed && !view.failed);
+
+        // Registered before its pod was made, five minutes into its setup
+        // (within the registration timeout, which counts the setup too),
+        // with a maxIdleAge of one minute.
+        let mut runner = EphemeralRunner::new(
+            "r",
+            EphemeralRunnerSpec {
+                max_idle_age: Some("1m".into()),
+                spec: PodSpec {
+                    containers: vec![Container {
+                        name: "runner".into(),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                },
+                ..EphemeralRunnerSpec::default()
+            },
+        );
+        runner.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        runner.status = Some(EphemeralRunnerStatus {
+            runner_id: 7,
+            conditions: vec![Condition {
+                type_: REGISTERED.into(),
+                status: "True".into(),
+                reason: "JitConfigCreated".into(),
+                message: String::new(),
+                last_transition_time: Time(view.created),
+                observed_generation: None,
+            }],
+            ..EphemeralRunnerStatus::default()
+        });
+        let observed = Observed {
+            runner: &runner,
+            pod: Some(view.clone()),
+            secret: Some(SecretView {
+                runner_id: 7,
+                runner_name: "r".into(),
+            }),
+            pool: PoolView::Idle,
+            verdict: None,
+            presence: None,
+            held: None,
+            now: view.created + jiff::SignedDuration::from_mins(5),
+        };
+        let plan = plan::plan(&observed, &Settings::default(), FINALIZER).unwrap();
+        // Pending and not ready: not renewed as an old idle runner, not
+        // deregistered, its pod left to finish its setup.
+        assert_eq!(plan.steps.len(), 1, "{:?}", plan.steps);
+        let Step::PatchStatus(status) = &plan.steps[0] else {
+            panic!("{:?}", plan.steps)
+        };
+        assert_eq!(status["status"]["phase"], "Pending");
+        assert!(status["status"].get("ready").is_none(), "stays false");
+
+        // The set counts it as pending, not running: the scaling input and
+        // the status see a warm pool still filling, not idle capacity.
+        let set = SetView {
+            generation: 1,
+            has_finalizer: true,
+            replicas: 1,
+            ..SetView::default()
+        };
+        let runners = [RunnerView {
+            name: "r".into(),
+            phase: Some(EphemeralRunnerPhase::Pending),
+            runner_id: 7,
+            ..RunnerView::default()
+        }];
+        let status = set_plan::plan(&set, &runners).status.unwrap();
+        assert_eq!(
+            (
+                status.pending_ephemeral_runners,
+                status.running_ephemeral_runners
+            ),
+            (1, 0)
+        );
+    }
+}
+
+/// The pod watch's projection is the plan's own view of the pod.
+#[cfg(test)]
+mod pod_watch_tests {
     use kube::runtime::watcher::Event;
     use serde_json::json;
 

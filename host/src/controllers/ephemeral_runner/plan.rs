@@ -33,7 +33,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde_json::json;
 
 use crate::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerStatus};
+use crate::debug::{HOLD_UNTIL_ANNOTATION, Hold};
 use crate::policy::types::{RunnerEnding, RunnerPhase, Verdict};
+use crate::slack::HeldFailure;
 
 /// The name of the container the runner runs in (ARC's).
 pub const RUNNER_CONTAINER: &str = "runner";
@@ -51,6 +53,10 @@ pub const ONLINE: &str = "RunnerOnline";
 /// The condition saying the deregistration policy failed and the bundled
 /// default decided.
 pub const POLICY_FALLBACK: &str = "DeregistrationPolicyFallback";
+
+/// The condition saying whether the runner is held for debugging after its
+/// job failed, and if not, why not (`MaxHeld`, `InvalidDebugSpec`).
+pub const HELD: &str = "HeldForDebugging";
 
 /// The knobs of the rules, with ARC's values as defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,6 +78,11 @@ pub struct Settings {
     pub removal_recheck: Duration,
     /// The wait before a removal the pool gave up on is pushed again.
     pub removal_retry: Duration,
+    /// How long, after a runner that had a job exited 0, to wait for the
+    /// listener to record the job's result before calling it Succeeded,
+    /// when failed jobs are held: a runner exits 0 after a failed job too,
+    /// and its exit can be seen before the listener's JobCompleted lands.
+    pub result_wait: Duration,
 }
 
 impl Default for Settings {
@@ -84,6 +95,7 @@ impl Default for Settings {
             terminating_timeout: Duration::from_secs(60),
             removal_recheck: Duration::from_secs(30),
             removal_retry: Duration::from_secs(15),
+            result_wait: Duration::from_secs(15),
         }
     }
 }
@@ -134,6 +146,9 @@ pub struct PodView {
     pub init_failed: bool,
     /// The pod's Ready condition.
     pub ready: bool,
+    /// When the runner container terminated, if it did and the kubelet
+    /// said.
+    pub finished: Option<Timestamp>,
     /// The pod's reason and message when it failed, for events.
     pub failure_message: Option<String>,
 }
@@ -199,6 +214,9 @@ pub struct Observed<'a> {
     pub verdict: Option<VerdictView>,
     /// Whether the runner is online, when the plan asked for it.
     pub presence: Option<Presence>,
+    /// How many other runners of the same scale set are held for
+    /// debugging, when the plan asked for it.
+    pub held: Option<usize>,
     /// Now.
     pub now: Timestamp,
 }
@@ -210,6 +228,8 @@ pub enum Need {
     Verdict(RunnerEnding),
     /// Ask the service whether this runner id is online.
     Presence(i64),
+    /// Count the other runners of the scale set held for debugging.
+    HeldCount,
 }
 
 /// Whether an event is a warning.
@@ -261,6 +281,9 @@ pub enum Step {
         /// What happened, for people; never a secret.
         note: String,
     },
+    /// Tell the scale set's Slack channel that the runner is held (at most
+    /// once per hold, off the reconcile path).
+    NotifySlack(HeldFailure),
     /// Count a deregistration in the metrics.
     CountDeregistration {
         /// The verdict (`self-deregistered`, `remove-now`, ...).
@@ -405,7 +428,8 @@ fn ending(
         EphemeralRunnerPhase::Pending => RunnerPhase::Pending,
         EphemeralRunnerPhase::Running => RunnerPhase::Running,
         EphemeralRunnerPhase::Succeeded => RunnerPhase::Succeeded,
-        EphemeralRunnerPhase::Failed => RunnerPhase::Failed,
+        // The policy world has no Debugging: a held runner's job failed.
+        EphemeralRunnerPhase::Failed | EphemeralRunnerPhase::Debugging => RunnerPhase::Failed,
         EphemeralRunnerPhase::Outdated => RunnerPhase::Outdated,
     };
     RunnerEnding {
@@ -650,6 +674,10 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<
     }
 
     let phase = status.phase.unwrap_or_default();
+    if phase == EphemeralRunnerPhase::Debugging {
+        debugging(obs, settings, status, runner_id, &mut patch, &mut plan)?;
+        return Ok(finish(plan, patch));
+    }
     if phase.is_done() {
         if let Registration::Gone = ensure_gone(
             obs, settings, status, runner_id, true, &mut patch, &mut plan,
@@ -702,6 +730,23 @@ fn running(
         RunnerContainer::Terminated { exit_code, reason } => Some((*exit_code, reason.clone())),
         _ => None,
     };
+    if let Some(why) = job_failure(status, terminated.as_ref(), pod) {
+        if hold(
+            obs,
+            settings,
+            status,
+            runner_id,
+            terminated.as_ref(),
+            &why,
+            patch,
+            plan,
+        )? {
+            return Ok(());
+        }
+    } else if let Some(wait) = result_pending(obs, settings, status, terminated.as_ref(), pod) {
+        plan.requeue_after(wait);
+        return Ok(());
+    }
     if let Some((code, reason)) = &terminated {
         patch.set("exitCode", json!(code));
         patch.set("terminationReason", json!(reason));
@@ -768,6 +813,27 @@ fn running(
         patch.set("ready", json!(pod.ready));
     }
 
+    if let Some(max_idle_age) = max_idle_age(obs.runner)
+        && pod.runner == RunnerContainer::Running
+        && runner_id != 0
+        && !status.has_job()
+    {
+        let age = elapsed(pod.created, obs.now);
+        if age >= max_idle_age {
+            return renew(
+                obs,
+                settings,
+                status,
+                runner_id,
+                pod,
+                max_idle_age,
+                patch,
+                plan,
+            );
+        }
+        plan.requeue_after(max_idle_age - age);
+    }
+
     if is_true(status, ONLINE) == Some(true) || status.has_job() {
         return Ok(());
     }
@@ -811,6 +877,255 @@ fn running(
             )
         }
     }
+}
+
+/// Why the runner's job failed, if it did: the result the listener recorded
+/// on JobCompleted, or the runner ending badly while it had a job.
+fn job_failure(
+    status: &EphemeralRunnerStatus,
+    terminated: Option<&(i32, String)>,
+    pod: &PodView,
+) -> Option<String> {
+    if status
+        .job_result
+        .as_deref()
+        .is_some_and(|r| r.eq_ignore_ascii_case("failed"))
+    {
+        return Some("the job failed".to_string());
+    }
+    if !status.has_job() {
+        return None;
+    }
+    match terminated {
+        Some((0 | OUTDATED_EXIT_CODE, _)) => None,
+        Some((code, reason)) => Some(format!(
+            "the runner exited {code} ({reason}) while running a job"
+        )),
+        None if pod.failed || pod.init_failed => {
+            Some("the runner pod failed while running a job".to_string())
+        }
+        None => None,
+    }
+}
+
+/// How long to wait before calling a runner that exited 0 after a job
+/// Succeeded, when its job's result may still be on its way and a failed
+/// one would be held (see [`Settings::result_wait`]).
+fn result_pending(
+    obs: &Observed<'_>,
+    settings: &Settings,
+    status: &EphemeralRunnerStatus,
+    terminated: Option<&(i32, String)>,
+    pod: &PodView,
+) -> Option<Duration> {
+    let exited_clean = matches!(terminated, Some((0, _)));
+    if !exited_clean || !status.has_job() || status.job_result.is_some() {
+        return None;
+    }
+    if !matches!(Hold::from_spec(obs.runner.spec.debug.as_ref()), Ok(Some(_))) {
+        return None;
+    }
+    let waited = elapsed(pod.finished?, obs.now);
+    (waited < settings.result_wait).then(|| settings.result_wait - waited)
+}
+
+fn hold_annotation(runner: &EphemeralRunner) -> Option<&str> {
+    runner
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(HOLD_UNTIL_ANNOTATION)
+        .map(String::as_str)
+}
+
+/// Holds the runner for debugging if its debug spec says so and the scale
+/// set's `maxHeld` allows: phase Debugging, the registration handed to the
+/// pool (so it takes no other job), the pod left alone. Returns whether it
+/// did; when it did not, the runner ends as it would have without a hold.
+#[allow(clippy::too_many_arguments)]
+fn hold(
+    obs: &Observed<'_>,
+    settings: &Settings,
+    status: &EphemeralRunnerStatus,
+    runner_id: i64,
+    terminated: Option<&(i32, String)>,
+    why: &str,
+    patch: &mut StatusPatch,
+    plan: &mut Plan,
+) -> Result<bool, Need> {
+    let already = |reason: &str| status.condition(HELD).is_some_and(|c| c.reason == reason);
+    let hold = match Hold::from_spec(obs.runner.spec.debug.as_ref()) {
+        Ok(Some(hold)) => hold,
+        Ok(None) => return Ok(false),
+        Err(error) => {
+            let message = format!("{why}; not held for debugging: {error}");
+            if !already("InvalidDebugSpec") {
+                plan.event(Severity::Warning, "InvalidDebugSpec", message.clone());
+            }
+            patch.condition(HELD, false, "InvalidDebugSpec", &message, obs.now);
+            return Ok(false);
+        }
+    };
+    let Some(held) = obs.held else {
+        return Err(Need::HeldCount);
+    };
+    if held >= usize::try_from(hold.max_held).unwrap_or(usize::MAX) {
+        let message = format!(
+            "{why}; not held for debugging: {held} runner(s) of the scale set are held already (maxHeld {})",
+            hold.max_held
+        );
+        if !already("MaxHeld") {
+            plan.event(Severity::Normal, "NotHeld", message.clone());
+        }
+        patch.condition(HELD, false, "MaxHeld", &message, obs.now);
+        return Ok(false);
+    }
+    let since = status.job_finished_at.as_ref().map_or(obs.now, |t| t.0);
+    let deadline = hold.deadline(since, hold_annotation(obs.runner));
+    if deadline.at <= obs.now {
+        // The failure was learnt after its hold would have ended (the
+        // controller was down): holding now would only tell Slack of a
+        // runner about to go.
+        return Ok(false);
+    }
+    let message = format!(
+        "{why}; held for debugging until {}{}",
+        deadline.at,
+        deadline.note.map(|n| format!(" ({n})")).unwrap_or_default()
+    );
+    patch.set("phase", json!(EphemeralRunnerPhase::Debugging));
+    patch.set("reason", json!("HeldForDebugging"));
+    patch.set("message", json!(message));
+    patch.set("ready", json!(false));
+    patch.set("heldSince", json!(Time(since)));
+    patch.set("holdUntil", json!(Time(deadline.at)));
+    if let Some((code, reason)) = terminated {
+        patch.set("exitCode", json!(code));
+        patch.set("terminationReason", json!(reason));
+    }
+    patch.condition(HELD, true, "HeldForDebugging", &message, obs.now);
+    plan.event(Severity::Warning, "HeldForDebugging", message);
+    if obs
+        .runner
+        .spec
+        .debug
+        .as_ref()
+        .is_some_and(|d| d.slack.is_some())
+    {
+        plan.step(Step::NotifySlack(HeldFailure {
+            namespace: obs.runner.metadata.namespace.clone().unwrap_or_default(),
+            runner: obs.runner.metadata.name.clone().unwrap_or_default(),
+            repository: status.job_repository_name.clone(),
+            workflow: status.job_workflow_ref.clone(),
+            job: status.job_display_name.clone(),
+            why: why.to_string(),
+            hold_until: deadline.at,
+        }));
+    }
+    ensure_gone(obs, settings, status, runner_id, false, patch, plan)?;
+    plan.requeue_after(elapsed(obs.now, deadline.at));
+    Ok(true)
+}
+
+/// A held runner: its registration goes (if it has not yet), its pod stays
+/// until the hold ends, then phase Failed (`HoldEnded`) and the pod and
+/// Secret go, registration first as always. A pod that vanished or is
+/// being deleted ends the hold at once: there is nothing left to look at.
+fn debugging(
+    obs: &Observed<'_>,
+    settings: &Settings,
+    status: &EphemeralRunnerStatus,
+    runner_id: i64,
+    patch: &mut StatusPatch,
+    plan: &mut Plan,
+) -> Result<(), Need> {
+    let since = status
+        .held_since
+        .as_ref()
+        .or(status.job_finished_at.as_ref())
+        .map_or(obs.now, |t| t.0);
+    let deadline = match Hold::from_spec(obs.runner.spec.debug.as_ref()) {
+        Ok(Some(hold)) => Some(hold.deadline(since, hold_annotation(obs.runner))),
+        Ok(None) | Err(_) => None,
+    };
+    let pod_kept = obs.pod.as_ref().is_some_and(|p| p.deleting_since.is_none());
+    let registration = ensure_gone(obs, settings, status, runner_id, false, patch, plan)?;
+    match deadline {
+        Some(deadline) if pod_kept && obs.now < deadline.at => {
+            patch.set("holdUntil", json!(Time(deadline.at)));
+            if let Some(note) = deadline.note {
+                patch.set("message", json!(note));
+            }
+            plan.requeue_after(elapsed(obs.now, deadline.at));
+        }
+        _ => {
+            let why = match deadline {
+                _ if !pod_kept => "the runner pod is gone".to_string(),
+                None => "the runner's debug spec no longer holds it".to_string(),
+                Some(deadline) => format!("the debug hold ended at {}", deadline.at),
+            };
+            patch.set("phase", json!(EphemeralRunnerPhase::Failed));
+            patch.set("reason", json!("HoldEnded"));
+            patch.set("message", json!(why));
+            patch.condition(HELD, false, "HoldEnded", &why, obs.now);
+            plan.event(Severity::Normal, "HoldEnded", why);
+            if let Registration::Gone = registration {
+                clean_up(obs, settings, plan);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The runner's `maxIdleAge`, if it has a usable one. The apiserver refuses
+/// what is not a duration; `0s`, which it lets through, means none.
+fn max_idle_age(runner: &EphemeralRunner) -> Option<Duration> {
+    let text = runner.spec.max_idle_age.as_deref()?;
+    crate::debug::hold::parse_duration("maxIdleAge", text).ok()
+}
+
+/// An idle runner past `maxIdleAge` gets a new registration and pod, so a
+/// warm pool does not keep runners for days: its registration is removed
+/// first (if a job reached it meanwhile, the service says so and the pool
+/// waits the job out, as for any removal), then its pod and Secret go,
+/// and the runner registers again from scratch. This is not a failed
+/// start: nothing is counted towards the failure limit.
+#[allow(clippy::too_many_arguments)]
+fn renew(
+    obs: &Observed<'_>,
+    settings: &Settings,
+    status: &EphemeralRunnerStatus,
+    runner_id: i64,
+    pod: &PodView,
+    max_idle_age: Duration,
+    patch: &mut StatusPatch,
+    plan: &mut Plan,
+) -> Result<(), Need> {
+    let before = plan.steps.len();
+    let registration = ensure_gone(obs, settings, status, runner_id, false, patch, plan)?;
+    if plan.steps[before..]
+        .iter()
+        .any(|s| matches!(s, Step::Deregister { .. }))
+    {
+        plan.event(
+            Severity::Normal,
+            "MaxIdleAge",
+            format!(
+                "idle for {}s, past maxIdleAge ({}s): replacing its registration and pod",
+                elapsed(pod.created, obs.now).as_secs(),
+                max_idle_age.as_secs()
+            ),
+        );
+    }
+    if let Registration::Gone = registration {
+        plan.step(Step::DeletePod {
+            uid: pod.uid.clone(),
+        });
+        if obs.secret.is_some() {
+            plan.step(Step::DeleteSecret);
+        }
+    }
+    Ok(())
 }
 
 /// A start that failed before the runner could run a job: counted, and the
@@ -1001,6 +1316,39 @@ mod tests {
             self.0.metadata.deletion_timestamp = Some(Time(at(0)));
             self
         }
+        fn debug(mut self, hold: &str, max_hold: &str, max_held: i32) -> Self {
+            self.0.spec.debug = Some(crate::api::DebugSpec {
+                hold_failed_for: Some(hold.into()),
+                max_hold: Some(max_hold.into()),
+                max_held: Some(max_held),
+                slack: None,
+            });
+            self
+        }
+        fn job_failed_at(self, secs: i64) -> Self {
+            self.with_job().status(|s| {
+                s.job_result = Some("failed".into());
+                s.job_finished_at = Some(Time(at(secs)));
+            })
+        }
+        fn held(self, since: i64, until: i64) -> Self {
+            self.phase(Debugging).status(|s| {
+                s.held_since = Some(Time(at(since)));
+                s.hold_until = Some(Time(at(until)));
+            })
+        }
+        fn max_idle_age(mut self, value: &str) -> Self {
+            self.0.spec.max_idle_age = Some(value.into());
+            self
+        }
+        fn hold_until(mut self, value: &str) -> Self {
+            self.0
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(HOLD_UNTIL_ANNOTATION.into(), value.into());
+            self
+        }
         fn without_runner_container(mut self) -> Self {
             self.0.spec.spec.containers[0].name = "main".into();
             self
@@ -1024,6 +1372,7 @@ mod tests {
             created: at(0),
             deleting_since: None,
             ready: runner == RunnerContainer::Running,
+            finished: matches!(runner, RunnerContainer::Terminated { .. }).then(|| at(5)),
             runner,
             failed: false,
             init_failed: false,
@@ -1052,6 +1401,7 @@ mod tests {
         pool: PoolView,
         verdict: Option<Verdict>,
         presence: Option<Presence>,
+        held: Option<usize>,
         now: i64,
     }
 
@@ -1063,6 +1413,7 @@ mod tests {
             pool: PoolView::Idle,
             verdict: None,
             presence: None,
+            held: None,
             now: 10,
         }
     }
@@ -1092,6 +1443,10 @@ mod tests {
             self.now = now;
             self
         }
+        fn held(mut self, held: usize) -> Self {
+            self.held = Some(held);
+            self
+        }
         fn run(&self) -> Result<Plan, Need> {
             let obs = Observed {
                 runner: &self.runner.0,
@@ -1103,6 +1458,7 @@ mod tests {
                     fallback_reason: None,
                 }),
                 presence: self.presence,
+                held: self.held,
                 now: at(self.now),
             };
             plan(&obs, &settings(), FIN)
@@ -1121,6 +1477,7 @@ mod tests {
             terminating_timeout: Duration::from_secs(60),
             removal_recheck: Duration::from_secs(30),
             removal_retry: Duration::from_secs(15),
+            result_wait: Duration::from_secs(15),
         }
     }
 
@@ -1140,6 +1497,7 @@ mod tests {
                 Step::Deregister { .. } => "deregister",
                 Step::Event { .. } => "event",
                 Step::CountDeregistration { .. } => "count",
+                Step::NotifySlack(_) => "slack",
             })
             .collect()
     }
@@ -1336,6 +1694,7 @@ mod tests {
                 fallback_reason: Some("timeout".into()),
             }),
             presence: None,
+            held: None,
             now: at(10),
         };
         let steps = plan(&obs, &settings(), FIN).unwrap().steps;
@@ -1574,5 +1933,379 @@ mod tests {
             registered_condition(&steps),
             Some(("True".into(), "JitConfigCreated".into()))
         );
+    }
+
+    fn event_reasons(steps: &[Step]) -> Vec<&'static str> {
+        steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Event { reason, .. } => Some(*reason),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A runner of a scale set that holds failures 10 minutes, up to an
+    /// hour, one at a time.
+    fn holding() -> Runner {
+        Runner::new()
+            .registered(7)
+            .phase(Running)
+            .debug("10m", "1h", 1)
+    }
+
+    #[test]
+    fn a_failed_job_holds_the_runner_and_removes_its_registration() {
+        // The listener recorded the failure while the pod still runs.
+        let failed = || holding().job_failed_at(4);
+        let need = case(failed())
+            .secret(7)
+            .pod(pod(RunnerContainer::Running))
+            .run()
+            .unwrap_err();
+        assert_eq!(need, Need::HeldCount, "maxHeld is checked first");
+        let plan = case(failed())
+            .secret(7)
+            .pod(pod(RunnerContainer::Running))
+            .held(0)
+            .run()
+            .unwrap();
+        assert_eq!(
+            kinds(&plan.steps),
+            vec!["status", "event", "deregister", "event"]
+        );
+        let status = status_of(&plan.steps);
+        assert_eq!(status["phase"], "Debugging");
+        assert_eq!(status["heldSince"], json!(Time(at(4))));
+        assert_eq!(
+            status["holdUntil"],
+            json!(Time(at(604))),
+            "10m after the job's end"
+        );
+        assert_eq!(
+            plan.requeue,
+            Some(Duration::from_secs(30)),
+            "the removal recheck"
+        );
+        assert!(event_reasons(&plan.steps).contains(&"HeldForDebugging"));
+        // The runner crashing mid-job holds it too, counted from when it was seen.
+        let steps = case(holding().with_job())
+            .secret(7)
+            .pod(exited(1))
+            .held(0)
+            .steps();
+        let status = status_of(&steps);
+        assert_eq!(status["phase"], "Debugging");
+        assert_eq!(status["exitCode"], 1);
+        assert_eq!(status["heldSince"], json!(Time(at(10))));
+        assert!(kinds(&steps).contains(&"deregister"));
+        assert!(!kinds(&steps).contains(&"delete-pod"));
+    }
+
+    #[test]
+    fn a_failure_is_not_held_without_a_hold_beyond_max_held_or_with_a_bad_spec() {
+        // No debug spec: a failed job's runner ends as usual, nothing asked.
+        let steps = case(Runner::new().registered(7).phase(Running).job_failed_at(4))
+            .secret(7)
+            .pod(exited(0))
+            .steps();
+        assert_eq!(status_of(&steps)["phase"], "Succeeded");
+        // maxHeld reached: it ends as usual, and says why once.
+        let steps = case(holding().job_failed_at(4))
+            .secret(7)
+            .pod(exited(0))
+            .held(1)
+            .steps();
+        let status = status_of(&steps);
+        assert_eq!(status["phase"], "Succeeded");
+        let held = status["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == HELD)
+            .unwrap();
+        assert_eq!(held["reason"], "MaxHeld");
+        assert!(event_reasons(&steps).contains(&"NotHeld"));
+        // An invalid spec is reported and not followed.
+        let mut bad = holding().job_failed_at(4);
+        bad.0.spec.debug.as_mut().unwrap().max_hold = Some("5m".into());
+        let steps = case(bad).secret(7).pod(exited(0)).steps();
+        assert_eq!(status_of(&steps)["phase"], "Succeeded");
+        assert!(event_reasons(&steps).contains(&"InvalidDebugSpec"));
+        // A failure learnt after its hold would have ended is not held.
+        let steps = case(holding().job_failed_at(4))
+            .secret(7)
+            .pod(exited(0))
+            .held(0)
+            .now(604)
+            .steps();
+        assert_eq!(status_of(&steps)["phase"], "Succeeded");
+        // A job that succeeded is never held.
+        let ok = holding()
+            .with_job()
+            .status(|s| s.job_result = Some("succeeded".into()));
+        let steps = case(ok).secret(7).pod(exited(0)).steps();
+        assert_eq!(status_of(&steps)["phase"], "Succeeded");
+    }
+
+    #[test]
+    fn a_clean_exit_after_a_job_waits_a_little_for_the_jobs_result() {
+        // Exited 0 at 5 with no result recorded yet: wait until 20.
+        let plan = case(holding().with_job())
+            .secret(7)
+            .pod(exited(0))
+            .now(10)
+            .run()
+            .unwrap();
+        assert_eq!(plan.steps, vec![]);
+        assert_eq!(plan.requeue, Some(Duration::from_secs(10)));
+        // No result by then: Succeeded, as without a hold.
+        let steps = case(holding().with_job())
+            .secret(7)
+            .pod(exited(0))
+            .now(20)
+            .steps();
+        assert_eq!(status_of(&steps)["phase"], "Succeeded");
+        // Without a hold there is nothing to wait for.
+        let steps = case(Runner::new().registered(7).phase(Running).with_job())
+            .secret(7)
+            .pod(exited(0))
+            .now(10)
+            .steps();
+        assert_eq!(status_of(&steps)["phase"], "Succeeded");
+    }
+
+    #[test]
+    fn a_held_runner_keeps_its_pod_until_the_hold_ends() {
+        let held = || holding().job_failed_at(0).held(0, 600);
+        // Its registration being removed: the pod stays.
+        let plan = case(held().status(|s| {
+            s.conditions.retain(|c| c.type_ != REGISTERED);
+            s.conditions.push(cond(REGISTERED, true, "RemoveNow"));
+        }))
+        .secret(7)
+        .pod(exited(0))
+        .pool(PoolView::Claimed)
+        .now(100)
+        .run()
+        .unwrap();
+        assert_eq!(plan.steps, vec![]);
+        assert_eq!(plan.requeue, Some(Duration::from_secs(30)));
+        // Removed: recorded; the pod stays until the deadline.
+        let plan = case(held())
+            .secret(7)
+            .pod(exited(0))
+            .pool(PoolView::Removed)
+            .now(100)
+            .run()
+            .unwrap();
+        assert_eq!(
+            registered_condition(&plan.steps),
+            Some(("False".into(), "Removed".into()))
+        );
+        assert!(!kinds(&plan.steps).contains(&"delete-pod"));
+        assert_eq!(plan.requeue, Some(Duration::from_secs(500)));
+        // Gone, before the deadline: nothing to do but wait.
+        let gone = || held().gone("Removed");
+        let plan = case(gone())
+            .secret(7)
+            .pod(exited(0))
+            .now(100)
+            .run()
+            .unwrap();
+        assert_eq!(plan.steps, vec![]);
+        assert_eq!(plan.requeue, Some(Duration::from_secs(500)));
+        // At the deadline: Failed, and the pod and Secret go.
+        let steps = case(gone()).secret(7).pod(exited(0)).now(600).steps();
+        assert_eq!(
+            kinds(&steps),
+            vec!["status", "event", "delete-pod", "delete-secret"]
+        );
+        let status = status_of(&steps);
+        assert_eq!(status["phase"], "Failed");
+        assert_eq!(status["reason"], "HoldEnded");
+        // At the deadline with the removal still under way: Failed, the pod
+        // still waits for the registration to go.
+        let steps = case(held())
+            .secret(7)
+            .pod(exited(0))
+            .pool(PoolView::Claimed)
+            .now(600)
+            .steps();
+        assert_eq!(status_of(&steps)["phase"], "Failed");
+        assert!(!kinds(&steps).contains(&"delete-pod"));
+        // A pod someone deleted ends the hold.
+        let steps = case(gone()).secret(7).now(100).steps();
+        assert_eq!(status_of(&steps)["reason"], "HoldEnded");
+        assert_eq!(kinds(&steps), vec!["status", "event", "delete-secret"]);
+    }
+
+    #[test]
+    fn the_annotation_extends_or_releases_within_the_cap() {
+        let held = || holding().job_failed_at(0).held(0, 600).gone("Removed");
+        let rows: Vec<(&str, String, i64, Option<&str>)> = vec![
+            ("extended", at(1800).to_string(), 1800, None),
+            (
+                "capped at an hour after the job",
+                at(99_999).to_string(),
+                3600,
+                Some("past the cap"),
+            ),
+            (
+                "unreadable: the default",
+                "soon".into(),
+                600,
+                Some("not an RFC 3339 time"),
+            ),
+        ];
+        for (name, value, until, note) in rows {
+            let plan = case(held().hold_until(&value))
+                .secret(7)
+                .pod(exited(0))
+                .now(100)
+                .run()
+                .unwrap();
+            let status = status_of(&plan.steps);
+            if until == 600 {
+                assert!(status.get("holdUntil").is_none(), "{name}: unchanged");
+            } else {
+                assert_eq!(status["holdUntil"], json!(Time(at(until))), "{name}");
+            }
+            assert_eq!(
+                plan.requeue,
+                Some(Duration::from_secs((until - 100) as u64)),
+                "{name}"
+            );
+            match note {
+                Some(note) => assert!(
+                    status["message"].as_str().unwrap().contains(note),
+                    "{name}: {status}"
+                ),
+                None => assert!(status.get("message").is_none(), "{name}"),
+            }
+            // Past the effective end, the hold ends.
+            let steps = case(held().hold_until(&value))
+                .secret(7)
+                .pod(exited(0))
+                .now(until)
+                .steps();
+            assert_eq!(status_of(&steps)["phase"], "Failed", "{name}");
+        }
+        // A time in the past releases now.
+        let steps = case(held().hold_until(&at(50).to_string()))
+            .secret(7)
+            .pod(exited(0))
+            .now(100)
+            .steps();
+        assert_eq!(status_of(&steps)["reason"], "HoldEnded");
+        assert!(kinds(&steps).contains(&"delete-pod"));
+    }
+
+    #[test]
+    fn a_held_runner_being_deleted_is_cleaned_up_as_usual() {
+        let deleting = holding()
+            .job_failed_at(0)
+            .held(0, 600)
+            .gone("Removed")
+            .deleting();
+        let steps = case(deleting).secret(7).pod(exited(0)).now(100).steps();
+        assert_eq!(kinds(&steps), vec!["delete-pod", "delete-secret"]);
+    }
+
+    #[test]
+    fn an_idle_runner_past_max_idle_age_gets_a_new_registration_and_pod() {
+        // Pod created at 0, maxIdleAge 60 s.
+        let idle = || {
+            Runner::new()
+                .registered(7)
+                .phase(Running)
+                .status(|s| s.ready = true)
+                .max_idle_age("1m")
+        };
+        let rows: Vec<(&str, Case, Vec<&str>, Option<u64>)> = vec![
+            (
+                "younger: looked at again when it comes of age",
+                case(idle())
+                    .secret(7)
+                    .pod(pod(RunnerContainer::Running))
+                    .now(45),
+                vec![],
+                Some(15),
+            ),
+            (
+                "of age: the registration goes first",
+                case(idle())
+                    .secret(7)
+                    .pod(pod(RunnerContainer::Running))
+                    .now(60),
+                vec!["status", "deregister", "event", "event"],
+                Some(30),
+            ),
+            (
+                "while the removal is under way, the pod stays",
+                case(idle())
+                    .secret(7)
+                    .pod(pod(RunnerContainer::Running))
+                    .pool(PoolView::Claimed)
+                    .now(70),
+                vec![],
+                Some(30),
+            ),
+            (
+                "removed: then the pod and the Secret",
+                case(idle())
+                    .secret(7)
+                    .pod(pod(RunnerContainer::Running))
+                    .pool(PoolView::Removed)
+                    .now(70),
+                vec!["status", "event", "count", "delete-pod", "delete-secret"],
+                None,
+            ),
+            (
+                "with a job it is not idle",
+                case(idle().with_job())
+                    .secret(7)
+                    .pod(pod(RunnerContainer::Running))
+                    .now(600),
+                vec![],
+                None,
+            ),
+            (
+                "a pod still starting is not idle",
+                case(idle())
+                    .secret(7)
+                    .pod(pod(RunnerContainer::Waiting))
+                    .now(100),
+                vec!["status"],
+                Some(500),
+            ),
+            (
+                "without maxIdleAge nothing happens",
+                case(idle().max_idle_age("0s"))
+                    .secret(7)
+                    .pod(pod(RunnerContainer::Running))
+                    .now(100),
+                vec![],
+                Some(500),
+            ),
+        ];
+        for (name, case, want, requeue) in rows {
+            let plan = case.run().unwrap();
+            assert_eq!(kinds(&plan.steps), want, "{name}");
+            assert_eq!(plan.requeue.map(|d| d.as_secs()), requeue, "{name}");
+            assert!(
+                status_of(&plan.steps).get("failures").is_none(),
+                "{name}: not a failed start"
+            );
+        }
+        // Once the pod is gone, a new registration, with no backoff.
+        let renewed = idle().gone("Removed");
+        assert_eq!(kinds(&case(renewed).now(75).steps()), vec!["register"]);
+        let steps = case(idle())
+            .secret(7)
+            .pod(pod(RunnerContainer::Running))
+            .now(60)
+            .steps();
+        assert!(event_reasons(&steps).contains(&"MaxIdleAge"));
     }
 }

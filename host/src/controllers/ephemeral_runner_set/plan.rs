@@ -25,7 +25,13 @@
 //!    created up to `replicas` unless the current patch id was already acted
 //!    on (a runner carries it); scale-down happens only on patch id 0, and
 //!    removes only idle runners (registered, no job).
-//! 6. A view of the set older than a runner it made (the runner records the
+//! 6. A runner held for debugging (Debugging) is neither live nor finished:
+//!    it does not count towards `replicas` (the set creates its
+//!    replacement, as for a finished runner not cleaned up yet, so a hold
+//!    never blocks scaling), and no rule here deletes it, not even the
+//!    set's deletion or a revision cleanup: its own controller ends the
+//!    hold (Failed, then rule 3) within the scale set's `maxHold`.
+//! 7. A view of the set older than a runner it made (the runner records the
 //!    set's generation it was built from) decides nothing: the cache is
 //!    behind, and acting on it could remove runners a newer decision asked
 //!    for.
@@ -89,6 +95,11 @@ pub struct RunnerView {
 impl RunnerView {
     fn phase(&self) -> EphemeralRunnerPhase {
         self.phase.unwrap_or_default()
+    }
+
+    /// Held for debugging (rule 6).
+    fn held(&self) -> bool {
+        self.phase() == EphemeralRunnerPhase::Debugging
     }
 
     /// Registered and without a job: the only runners scale-down may take.
@@ -174,7 +185,7 @@ pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
     if let Some(newest) = runners.iter().filter_map(|r| r.set_generation).max()
         && newest > set.generation
     {
-        // Rule 6: our copy of the set predates a runner it made.
+        // Rule 7: our copy of the set predates a runner it made.
         return Plan {
             requeue: CLEANUP_POLL,
             ..Plan::default()
@@ -190,7 +201,7 @@ pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
             .iter()
             .filter(|r| r.revision < set.actionable_revision)
         {
-            if r.has_job {
+            if r.has_job || r.held() {
                 continue;
             }
             if r.deleting {
@@ -219,6 +230,8 @@ pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
                 delete.push((r.name.clone(), DeleteReason::StaleOutdated));
             }
             EphemeralRunnerPhase::Outdated => current_outdated = true,
+            // Rule 6.
+            EphemeralRunnerPhase::Debugging => {}
             EphemeralRunnerPhase::Pending | EphemeralRunnerPhase::Running => live.push(r),
         }
     }
@@ -269,7 +282,7 @@ fn plan_deletion(set: &SetView, runners: &[RunnerView]) -> Plan {
     }
     let delete: Vec<_> = runners
         .iter()
-        .filter(|r| !r.deleting && !r.has_job)
+        .filter(|r| !r.deleting && !r.has_job && !r.held())
         .map(|r| (r.name.clone(), DeleteReason::SetDeleted))
         .collect();
     Plan {
@@ -447,6 +460,47 @@ mod tests {
             ],
             "neither the busy nor the unregistered runner is taken"
         );
+    }
+
+    #[test]
+    fn a_held_runner_is_replaced_and_never_deleted_by_the_set() {
+        let held = || runner("held").running().busy().in_phase(Debugging);
+        // It does not count towards replicas: a replacement is created.
+        let p = plan(&set(2, 5), &[runner("a").running().patch(4), held()]);
+        assert_eq!(created(&p), 1);
+        assert!(p.delete.is_empty());
+        // Scale-down on patch 0 takes idle runners, never the held one, and
+        // does not see it as an excess runner.
+        let p = plan(&set(1, 0), &[runner("a").running(), held()]);
+        assert!(p.delete.is_empty(), "{:?}", p.delete);
+        let p = plan(&set(0, 0), &[runner("a").running(), held()]);
+        assert_eq!(deleted(&p), [("a", DeleteReason::ScaleDown)]);
+        // A held runner without a job record (the runner crashed before the
+        // listener wrote it) is not idle either.
+        let mut unrecorded = held();
+        unrecorded.has_job = false;
+        let p = plan(&set(0, 0), &[unrecorded.clone()]);
+        assert!(p.delete.is_empty());
+        // A revision cleanup passes over it and still completes.
+        let mut s = set(1, 0);
+        s.actionable_revision = 2;
+        let p = plan(&s, &[unrecorded.clone().revision(1)]);
+        assert!(p.delete.is_empty());
+        assert_eq!(p.status.unwrap().applied_actionable_revision, 2);
+        // The set's deletion leaves it to end its hold.
+        let mut s = set(1, 0);
+        s.deleting = true;
+        let p = plan(&s, &[unrecorded.clone(), runner("idle").running()]);
+        assert_eq!(deleted(&p), [("idle", DeleteReason::SetDeleted)]);
+        assert!(!p.remove_finalizer);
+        // Once the hold ends (Failed), it is deleted like any finished runner.
+        let p = plan(&set(1, 0), &[held().in_phase(Failed)]);
+        assert_eq!(deleted(&p), [("held", DeleteReason::Finished)]);
+        // Not counted as pending, running or failed.
+        let p = plan(&set(1, 0), &[held(), runner("a").running()]);
+        let status = p.status.unwrap();
+        assert_eq!(status.current_replicas, 1);
+        assert_eq!(status.failed_ephemeral_runners, 0);
     }
 
     #[test]

@@ -1,0 +1,185 @@
+//! The hold API: `POST /api/v1/namespaces/{ns}/ephemeralrunners/{name}/hold`
+//! with `{"duration": "30m"}` extends a hold (capped by `maxHold`), and
+//! `DELETE` on the same path releases it now. Both answer
+//! `{"holdUntil": "<RFC 3339>"}`.
+//!
+//! The caller proves who they are with a Kubernetes bearer token (a
+//! ServiceAccount token, or whatever the cluster's authenticators accept),
+//! checked with a TokenReview, and may act only if the cluster would let
+//! them `update` that EphemeralRunner, checked with a SubjectAccessReview.
+//! So the hold API grants nothing `kubectl annotate` would not: it is a
+//! convenience for tools and chat bots that hold a token, not a new
+//! permission. The controller's own ServiceAccount needs `create` on
+//! `tokenreviews` and `subjectaccessreviews` for this.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::PostParams;
+use kube::{Api, Client};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::control::{HoldChange, HoldControlError, change_hold};
+use super::hold::{format_hold_until, parse_duration};
+use crate::api::GROUP;
+
+/// The route the router serves.
+pub const PATH: &str = "/api/v1/namespaces/{namespace}/ephemeralrunners/{name}/hold";
+
+/// The router serving [`PATH`], for the runtime's server to mount.
+pub fn router(client: Client) -> Router {
+    Router::new()
+        .route(PATH, post(extend).delete(release))
+        .with_state(Arc::new(client))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExtendBody {
+    duration: String,
+}
+
+fn answer(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, axum::Json(json!({ "message": message.into() }))).into_response()
+}
+
+async fn extend(
+    State(client): State<Arc<Client>>,
+    Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(refused) = authorise(&client, &headers, &namespace, &name).await {
+        return refused;
+    }
+    let by = match serde_json::from_slice::<ExtendBody>(&body) {
+        Ok(body) => match parse_duration("duration", &body.duration) {
+            Ok(by) => by,
+            Err(error) => return answer(StatusCode::BAD_REQUEST, error.to_string()),
+        },
+        Err(error) => {
+            return answer(
+                StatusCode::BAD_REQUEST,
+                format!("the body must be {{\"duration\": \"30m\"}}: {error}"),
+            );
+        }
+    };
+    apply(&client, &namespace, &name, HoldChange::Extend(by)).await
+}
+
+async fn release(
+    State(client): State<Arc<Client>>,
+    Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(refused) = authorise(&client, &headers, &namespace, &name).await {
+        return refused;
+    }
+    apply(&client, &namespace, &name, HoldChange::Release).await
+}
+
+async fn apply(client: &Client, namespace: &str, name: &str, change: HoldChange) -> Response {
+    match change_hold(client, namespace, name, change).await {
+        Ok(until) => {
+            tracing::info!(%namespace, runner = %name, ?change, %until, "hold changed through the API");
+            (
+                StatusCode::OK,
+                axum::Json(json!({ "holdUntil": format_hold_until(until) })),
+            )
+                .into_response()
+        }
+        Err(error) => {
+            let status = match &error {
+                HoldControlError::NotFound { .. } => StatusCode::NOT_FOUND,
+                HoldControlError::NotHeld { .. } | HoldControlError::Contended { .. } => {
+                    StatusCode::CONFLICT
+                }
+                HoldControlError::Spec(_) => StatusCode::UNPROCESSABLE_ENTITY,
+                HoldControlError::Kube { .. } => StatusCode::BAD_GATEWAY,
+            };
+            answer(status, error.to_string())
+        }
+    }
+}
+
+/// Authenticates the bearer token and checks that its user may update the
+/// runner; the error is the response to send. The token is handed only to
+/// the TokenReview, never logged.
+async fn authorise(
+    client: &Client,
+    headers: &HeaderMap,
+    namespace: &str,
+    name: &str,
+) -> Result<(), Response> {
+    let token = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| answer(StatusCode::UNAUTHORIZED, "a bearer token is required"))?;
+    let review = TokenReview {
+        spec: TokenReviewSpec {
+            token: token.to_string(),
+            audiences: None,
+        },
+        ..TokenReview::default()
+    };
+    let reviewed = Api::<TokenReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .map_err(|error| {
+            tracing::warn!(%error, "a TokenReview failed");
+            answer(StatusCode::BAD_GATEWAY, "the token could not be reviewed")
+        })?;
+    let status = reviewed.status.unwrap_or_default();
+    let user = match (status.authenticated, status.user) {
+        (Some(true), Some(user)) => user,
+        _ => return Err(answer(StatusCode::UNAUTHORIZED, "the token is not valid")),
+    };
+    let access = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: user.username.clone(),
+            uid: user.uid.clone(),
+            groups: user.groups.clone(),
+            extra: user.extra.clone(),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.to_string()),
+                verb: Some("update".into()),
+                group: Some(GROUP.into()),
+                resource: Some("ephemeralrunners".into()),
+                name: Some(name.to_string()),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let decided = Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &access)
+        .await
+        .map_err(|error| {
+            tracing::warn!(%error, "a SubjectAccessReview failed");
+            answer(StatusCode::BAD_GATEWAY, "access could not be reviewed")
+        })?;
+    let username = user.username.unwrap_or_default();
+    if decided.status.is_some_and(|s| s.allowed) {
+        Ok(())
+    } else {
+        tracing::info!(user = %username, %namespace, runner = %name, "hold change refused: not allowed to update the runner");
+        Err(answer(
+            StatusCode::FORBIDDEN,
+            format!("{username} may not update ephemeralrunners.{GROUP} {namespace}/{name}"),
+        ))
+    }
+}

@@ -1,0 +1,396 @@
+//! Changing a hold from outside, against the real API server: the Slack
+//! interactivity endpoint (signed presses of Extend and Release write the
+//! runner's hold annotation within the cap; unsigned, wrongly signed and
+//! replayed ones are refused and change nothing) and the hold API (a
+//! bearer token reviewed by the API server, and access to update the
+//! runner reviewed too).
+
+mod common;
+
+use std::time::Duration;
+
+use arcwright::actions::Secret;
+use arcwright::api::{DebugSpec, EphemeralRunner, EphemeralRunnerSpec};
+use arcwright::debug::HOLD_UNTIL_ANNOTATION;
+use arcwright::debug::hold::format_hold_until;
+use arcwright::slack::message::{EXTEND, RELEASE};
+use arcwright::slack::{InteractionsConfig, interactions, router};
+use arcwright_harness::TestEnv;
+use fake_slack::Interaction;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Container, PodSpec, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const SIGNING_SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
+
+struct World {
+    env: TestEnv,
+    url: String,
+    base: String,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+impl World {
+    async fn new(name: &str) -> World {
+        let env = TestEnv::new(name).await;
+        common::install_crds(env.client()).await;
+        let app = router(
+            env.client(),
+            InteractionsConfig {
+                signing_secret: Secret::new(SIGNING_SECRET),
+                extend_by: Duration::from_secs(30 * 60),
+            },
+        )
+        .merge(arcwright::debug::api::router(env.client()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let url = format!("{base}{}", interactions::PATH);
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        World {
+            env,
+            url,
+            base,
+            _server: server,
+        }
+    }
+
+    fn runners(&self) -> Api<EphemeralRunner> {
+        Api::namespaced(self.env.client(), self.env.namespace())
+    }
+
+    /// A runner held since `since`, 10 minutes by default, up to an hour.
+    async fn held_runner(&self, name: &str, phase: &str, since: Timestamp) {
+        let spec = EphemeralRunnerSpec {
+            github_config_url: "https://github.com/octo".into(),
+            github_config_secret: "github-auth".into(),
+            debug: Some(DebugSpec {
+                hold_failed_for: Some("10m".into()),
+                max_hold: Some("1h".into()),
+                ..DebugSpec::default()
+            }),
+            spec: PodSpec {
+                containers: vec![Container {
+                    name: "runner".into(),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            },
+            ..EphemeralRunnerSpec::default()
+        };
+        self.runners()
+            .create(&PostParams::default(), &EphemeralRunner::new(name, spec))
+            .await
+            .unwrap();
+        self.runners()
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {
+                    "phase": phase,
+                    "heldSince": Time(since),
+                    "holdUntil": Time(since + SignedDuration::from_mins(10)),
+                }})),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn hold_until(&self, name: &str) -> Option<String> {
+        self.runners()
+            .get(name)
+            .await
+            .unwrap()
+            .annotations()
+            .get(HOLD_UNTIL_ANNOTATION)
+            .cloned()
+    }
+
+    fn press(&self, action: &str, name: &str) -> Interaction {
+        Interaction::press(
+            action,
+            &format!("{}/{name}", self.env.namespace()),
+            SIGNING_SECRET,
+        )
+    }
+}
+
+fn whole_seconds_ago(secs: i64) -> Timestamp {
+    Timestamp::from_second(Timestamp::now().as_second() - secs).unwrap()
+}
+
+#[tokio::test]
+async fn a_signed_extend_moves_the_hold_up_to_its_cap() {
+    let world = World::new("slack-extend").await;
+    let since = whole_seconds_ago(60);
+    world.held_runner("r", "Debugging", since).await;
+
+    let status = world.press(EXTEND, "r").send(&world.url).await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(
+        world.hold_until("r").await,
+        Some(format_hold_until(since + SignedDuration::from_mins(40))),
+        "the default end (10m after the job) plus 30m"
+    );
+    let status = world.press(EXTEND, "r").send(&world.url).await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(
+        world.hold_until("r").await,
+        Some(format_hold_until(since + SignedDuration::from_mins(60))),
+        "capped by maxHold"
+    );
+}
+
+#[tokio::test]
+async fn a_signed_release_ends_the_hold_now() {
+    let world = World::new("slack-release").await;
+    world
+        .held_runner("r", "Debugging", whole_seconds_ago(60))
+        .await;
+    let before = whole_seconds_ago(1);
+    let status = world.press(RELEASE, "r").send(&world.url).await.unwrap();
+    let after = Timestamp::now() + SignedDuration::from_secs(1);
+    assert_eq!(status, 200);
+    let until: Timestamp = world.hold_until("r").await.unwrap().parse().unwrap();
+    assert!(
+        before <= until && until <= after,
+        "{before} <= {until} <= {after}"
+    );
+}
+
+#[tokio::test]
+async fn unsigned_wrongly_signed_and_replayed_presses_change_nothing() {
+    let world = World::new("slack-refused").await;
+    world
+        .held_runner("r", "Debugging", whole_seconds_ago(60))
+        .await;
+    let refused = [
+        ("unsigned", world.press(EXTEND, "r").unsigned()),
+        (
+            "another secret",
+            world.press(EXTEND, "r").signed_with("not-the-secret"),
+        ),
+        (
+            "six minutes old",
+            world.press(EXTEND, "r").aged(Duration::from_secs(6 * 60)),
+        ),
+        ("release, unsigned", world.press(RELEASE, "r").unsigned()),
+    ];
+    for (name, press) in refused {
+        let status = press.send(&world.url).await.unwrap();
+        assert_eq!(status, 401, "{name}");
+        assert_eq!(world.hold_until("r").await, None, "{name} changed nothing");
+    }
+    // A body changed after signing is refused too.
+    let mut tampered = world.press(EXTEND, "r");
+    let signed = tampered.clone();
+    tampered.payload["actions"][0]["value"] = json!("kube-system/other");
+    let status = send_with_signature_of(&tampered, &signed, &world.url).await;
+    assert_eq!(status, 401);
+    assert_eq!(world.hold_until("r").await, None);
+    // The same press, signed, goes through: the refusals were the signature's.
+    assert_eq!(
+        world.press(EXTEND, "r").send(&world.url).await.unwrap(),
+        200
+    );
+    assert!(world.hold_until("r").await.is_some());
+}
+
+#[tokio::test]
+async fn a_runner_not_held_is_not_held_by_a_press() {
+    let world = World::new("slack-not-held").await;
+    world
+        .held_runner("r", "Running", whole_seconds_ago(60))
+        .await;
+    let status = world.press(EXTEND, "r").send(&world.url).await.unwrap();
+    assert_eq!(status, 409);
+    assert_eq!(world.hold_until("r").await, None);
+    let status = world
+        .press(EXTEND, "absent")
+        .send(&world.url)
+        .await
+        .unwrap();
+    assert_eq!(status, 409);
+}
+
+/// Sends `body`'s payload with the signature headers made for `signed`'s.
+async fn send_with_signature_of(body: &Interaction, signed: &Interaction, url: &str) -> u16 {
+    let encode = |i: &Interaction| {
+        url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("payload", &i.payload.to_string())
+            .finish()
+    };
+    let signature = fake_slack::sign(SIGNING_SECRET, signed.timestamp, &encode(signed));
+    reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("x-slack-request-timestamp", signed.timestamp.to_string())
+        .header("x-slack-signature", signature)
+        .body(encode(body))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// A ServiceAccount in the test namespace and a token for it; with `allowed`,
+/// a Role letting it update EphemeralRunners there.
+async fn service_account(world: &World, name: &str, allowed: bool) -> String {
+    let ns = world.env.namespace();
+    let client = world.env.client();
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    if allowed {
+        let roles: Api<Role> = Api::namespaced(client.clone(), ns);
+        roles
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": name},
+                    "rules": [{"apiGroups": ["arcwright.dev"], "resources": ["ephemeralrunners"], "verbs": ["get", "update"]}],
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+        let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
+        bindings
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": name},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                    "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let request = json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 600},
+    });
+    let issued: TokenRequest = accounts
+        .create_subresource("token", name, &PostParams::default(), &request)
+        .await
+        .unwrap();
+    issued.status.unwrap().token.expect("a token was issued")
+}
+
+/// Calls the hold API; returns the status and the JSON answer.
+async fn call_hold_api(
+    world: &World,
+    method: reqwest::Method,
+    name: &str,
+    token: Option<&str>,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let url = format!(
+        "{}/api/v1/namespaces/{}/ephemeralrunners/{name}/hold",
+        world.base,
+        world.env.namespace()
+    );
+    let mut request = reqwest::Client::new().request(method, url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn the_hold_api_extends_and_releases_for_those_allowed_to_update_the_runner() {
+    let world = World::new("hold-api").await;
+    let since = whole_seconds_ago(60);
+    world.held_runner("r", "Debugging", since).await;
+    let holder = service_account(&world, "holder", true).await;
+    let stranger = service_account(&world, "stranger", false).await;
+    let extend = || Some(json!({"duration": "30m"}));
+
+    // Refused: no token, a token the API server does not know, a user who
+    // may not update the runner. None of them changes the hold.
+    let refused = [
+        ("no token", None, 401),
+        ("a made-up token", Some("not-a-token"), 401),
+        ("not allowed", Some(stranger.as_str()), 403),
+    ];
+    for (name, token, want) in refused {
+        let (status, answer) =
+            call_hold_api(&world, reqwest::Method::POST, "r", token, extend()).await;
+        assert_eq!(status, want, "{name}: {answer}");
+        assert_eq!(world.hold_until("r").await, None, "{name} changed nothing");
+    }
+    let (status, answer) =
+        call_hold_api(&world, reqwest::Method::DELETE, "r", Some(&stranger), None).await;
+    assert_eq!(status, 403, "{answer}");
+    assert!(
+        answer["message"].as_str().unwrap().contains("stranger"),
+        "{answer}"
+    );
+
+    // Allowed: extended by 30m from the default end, then capped.
+    let (status, answer) =
+        call_hold_api(&world, reqwest::Method::POST, "r", Some(&holder), extend()).await;
+    assert_eq!(status, 200, "{answer}");
+    let extended = format_hold_until(since + SignedDuration::from_mins(40));
+    assert_eq!(answer["holdUntil"], extended.as_str());
+    assert_eq!(world.hold_until("r").await, Some(extended));
+    let five_hours = Some(json!({"duration": "5h"}));
+    let (status, answer) = call_hold_api(
+        &world,
+        reqwest::Method::POST,
+        "r",
+        Some(&holder),
+        five_hours,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let capped = format_hold_until(since + SignedDuration::from_mins(60));
+    assert_eq!(world.hold_until("r").await, Some(capped));
+
+    // Bad input is refused with a reason.
+    let vague = Some(json!({"duration": "a while"}));
+    let (status, answer) =
+        call_hold_api(&world, reqwest::Method::POST, "r", Some(&holder), vague).await;
+    assert_eq!(status, 400);
+    assert!(
+        answer["message"].as_str().unwrap().contains("30m"),
+        "{answer}"
+    );
+    let (status, _) = call_hold_api(
+        &world,
+        reqwest::Method::POST,
+        "absent",
+        Some(&holder),
+        extend(),
+    )
+    .await;
+    assert_eq!(status, 404);
+
+    // Released now.
+    let before = whole_seconds_ago(1);
+    let (status, answer) =
+        call_hold_api(&world, reqwest::Method::DELETE, "r", Some(&holder), None).await;
+    assert_eq!(status, 200, "{answer}");
+    let until: Timestamp = world.hold_until("r").await.unwrap().parse().unwrap();
+    assert!(before <= until && until <= Timestamp::now() + SignedDuration::from_secs(1));
+}
