@@ -7,7 +7,7 @@
 //! API server accepts every object (the CRDs validate the scale set), not that
 //! the controller works in a pod. That needs the finished `arcwright run`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -214,9 +214,14 @@ fn controller_flags_and_default_policies_follow_values() {
             "metricsPort=9090",
             "--set-json",
             r#"defaultPolicies.scaling={"builtin":"buffered","settings":{"idle":2}}"#,
+            "--set",
+            "slack.signingSecret.name=slack-app",
+            "--set",
+            "slack.extendBy=1h",
         ],
     );
-    let container = &one(&objects, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+    let pod = &one(&objects, "Deployment")["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
     let args: Vec<&str> = container["args"]
         .as_array()
         .unwrap()
@@ -248,6 +253,50 @@ fn controller_flags_and_default_policies_follow_values() {
         json!({"builtin": "buffered", "settings": {"idle": 2}})
     );
     assert_eq!(policies["deregistration"], json!({"builtin": "exit-code"}));
+
+    // Slack: the URL and extension in the environment, the signing secret a
+    // mounted file the environment points at, never a value.
+    let env: BTreeMap<&str, &Value> = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|var| (var["name"].as_str().unwrap(), var))
+        .collect();
+    assert_eq!(
+        env["ARCWRIGHT_SLACK_API_URL"]["value"],
+        "https://slack.com/api/"
+    );
+    assert_eq!(env["ARCWRIGHT_SLACK_EXTEND_BY"]["value"], "1h");
+    assert_eq!(
+        env["ARCWRIGHT_SLACK_SIGNING_SECRET_FILE"]["value"],
+        "/etc/arcwright-slack/signing-secret"
+    );
+    assert_eq!(
+        env["ARCWRIGHT_DEFAULT_POLICIES"]["value"],
+        "/etc/arcwright/default-policies.yaml"
+    );
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "slack-signing-secret")
+        .expect("the signing secret's volume");
+    assert_eq!(volume["secret"]["secretName"], "slack-app");
+    assert!(
+        container["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(
+                |m| m["name"] == "slack-signing-secret" && m["mountPath"] == "/etc/arcwright-slack"
+            ),
+        "{container}"
+    );
+    // Without a signing secret, nothing of it is rendered.
+    let objects = render_ok(&controller_chart(), &[]);
+    let rendered = serde_json::to_string(one(&objects, "Deployment")).unwrap();
+    assert!(!rendered.contains("SIGNING_SECRET"), "{rendered}");
+    assert!(!rendered.contains("slack-signing-secret"), "{rendered}");
 }
 
 #[test]
@@ -546,6 +595,10 @@ fn scale_set_spec_follows_arc_style_values() {
         r#"podValidationPolicy={"configMapRef":{"name":"strict"},"sha256":"3f5c000000000000000000000000000000000000000000000000000000000000"}"#,
         "--set-json",
         r#"template={"spec":{"containers":[{"name":"runner","image":"example/runner:1"}]}}"#,
+        "--set",
+        "maxIdleAge=12h",
+        "--set-json",
+        r##"debug={"holdFailedFor":"20m","maxHeld":2,"slack":{"channel":"#ci","tokenSecretRef":{"name":"slack-bot"}}}"##,
     ])
     .unwrap_or_else(|e| panic!("{e}"));
     // An existing Secret by name: the chart makes none.
@@ -556,6 +609,11 @@ fn scale_set_spec_follows_arc_style_values() {
     assert_eq!(set["metadata"]["namespace"], "arcwright");
     assert_eq!(set["metadata"]["labels"]["team"], "platform");
     let spec = &set["spec"];
+    assert_eq!(spec["maxIdleAge"], "12h");
+    assert_eq!(
+        spec["debug"],
+        json!({"holdFailedFor": "20m", "maxHeld": 2, "slack": {"channel": "#ci", "tokenSecretRef": {"name": "slack-bot"}}})
+    );
     assert_eq!(spec["githubConfigUrl"], "https://github.com/my-org");
     assert_eq!(spec["githubConfigSecret"], "github-credentials");
     assert_eq!(spec["runnerScaleSetName"], "linux-x64");
@@ -587,6 +645,8 @@ fn scale_set_spec_follows_arc_style_values() {
     assert_eq!(spec["runnerScaleSetName"], "release");
     assert_eq!(spec["minRunners"], 0);
     assert!(spec.get("maxRunners").is_none(), "{spec}");
+    assert!(spec.get("debug").is_none(), "{spec}");
+    assert!(spec.get("maxIdleAge").is_none(), "{spec}");
     assert_eq!(spec["template"]["spec"]["containers"][0]["name"], "runner");
     assert_eq!(spec["template"]["spec"]["restartPolicy"], "Never");
 }
@@ -675,7 +735,9 @@ fn scale_set_policy_configmap_carries_the_module_under_its_key() {
 
 #[test]
 fn schemas_and_templates_refuse_bad_values() {
-    let scale_set_cases: [(&[&str], &str); 8] = [
+    let scale_set_cases: [(&[&str], &str); 10] = [
+        (&["--set", "debug.maxHeld=-1"], "/debug/maxHeld"),
+        (&["--set", "debug.slack.channel=#ci"], "/debug/slack"),
         (&["--set", "maxRunners=-1"], "/maxRunners"),
         (&["--set", "minRunners=-2"], "/minRunners"),
         (
@@ -710,7 +772,12 @@ fn schemas_and_templates_refuse_bad_values() {
         let error = scale_set_render(args).expect_err(&format!("{args:?} accepted"));
         assert!(error.contains(says), "{args:?}: {error}");
     }
-    let controller_cases: [(&[&str], &str); 6] = [
+    let controller_cases: [(&[&str], &str); 8] = [
+        (
+            &["--set", "defaultPolicies.scaling.configMapRef.name=mine"],
+            "/defaultPolicies/scaling",
+        ),
+        (&["--set", "slack.extendBy=soon"], "/slack/extendBy"),
         (&["--set", "replicas=-1"], "/replicas"),
         (&["--set", "logFormat=xml"], "/logFormat"),
         (&["--set", "concurrency=0"], "/concurrency"),

@@ -1101,16 +1101,14 @@ async fn an_idle_runner_past_max_idle_age_gets_a_new_registration_and_pod_regist
             .any(|r| r.id == first_id as u64),
         "registration {first_id} was removed before the pod was deleted: {registered_at_deletion:?}"
     );
-    // Registered anew; or, when the simulated runner noticed its
-    // registration was gone and exited 0 before its pod was deleted (a race
-    // a loaded machine shows), finished as Succeeded, which its set replaces
-    // with a fresh runner. Either way the old registration went first.
+    // Registered anew under the same name, also when the simulated runner
+    // noticed its registration was gone and exited 0 before its pod was
+    // deleted (a race a loaded machine shows): that exit is the renewal's.
     let renewed = world
-        .wait_runner("r-idle", "was renewed or finished", |r| {
-            r.status.as_ref().is_some_and(|s| {
-                (s.runner_id != 0 && s.runner_id != first_id)
-                    || s.phase == Some(EphemeralRunnerPhase::Succeeded)
-            })
+        .wait_runner("r-idle", "was renewed", |r| {
+            r.status
+                .as_ref()
+                .is_some_and(|s| s.runner_id != 0 && s.runner_id != first_id)
         })
         .await;
     let status = renewed.status.unwrap();
@@ -1119,9 +1117,12 @@ async fn an_idle_runner_past_max_idle_age_gets_a_new_registration_and_pod_regist
         "not a failed start: {:?}",
         status.failures
     );
-    if status.runner_id != first_id
-        && let Some(pod) = world.pods().get_opt("r-idle").await.unwrap()
-    {
+    assert_ne!(
+        status.phase,
+        Some(EphemeralRunnerPhase::Succeeded),
+        "renewed, not finished"
+    );
+    if let Some(pod) = world.pods().get_opt("r-idle").await.unwrap() {
         assert_ne!(pod.metadata.uid, first_pod.metadata.uid);
     }
     assert!(

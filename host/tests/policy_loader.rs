@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arcwright::policy::bundled;
+use arcwright::policy::defaults::DefaultPolicies;
 use arcwright::policy::loader::{
     ConfigMapPolicyRef, LoadedPolicy, PolicyLoader, PolicyRef, RetryBackoff,
 };
@@ -285,6 +286,61 @@ async fn a_pinned_digest_refuses_other_versions() {
 
     replace(&api, "pinned", wasm("buffered")).await;
     expect_events(&reporter, 1, loaded(&digest(wasm("buffered")))).await;
+}
+
+/// A scale set that names no policy gets the configured cluster-wide
+/// default; one that names a policy keeps its own; a default that cannot be
+/// configured is found by the start-up check, with its kind named.
+#[tokio::test]
+async fn configured_defaults_apply_where_the_spec_names_none() {
+    let engine = PolicyEngine::new(EngineConfig::default()).unwrap();
+    let defaults = DefaultPolicies::from_yaml(
+        "scaling:\n  builtin: buffered\n  settings:\n    idle: 2\n  timeoutMillis: 200\n",
+    )
+    .unwrap();
+    let loader = PolicyLoader::new(engine.clone(), None).with_defaults(defaults);
+    loader.check_defaults().await.unwrap();
+    let reporter = Arc::new(RecordingReporter::new());
+
+    let unnamed = loader
+        .load(PolicyKind::Scaling, "ci", None, reporter.clone())
+        .await
+        .unwrap();
+    let current = unnamed.decider().current();
+    assert_eq!(current.label(), "builtin:buffered");
+    assert_eq!(current.limits().deadline, Duration::from_millis(200));
+    // Kinds the file leaves out keep the bundled default.
+    let deregistration = loader
+        .load(PolicyKind::Deregistration, "ci", None, reporter.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        deregistration.decider().current().label(),
+        "builtin:exit-code"
+    );
+    let named = PolicyRef {
+        builtin: Some("cooldown".into()),
+        ..PolicyRef::default()
+    };
+    let own = loader
+        .load(PolicyKind::Scaling, "ci", Some(&named), reporter.clone())
+        .await
+        .unwrap();
+    assert_eq!(own.decider().current().label(), "builtin:cooldown");
+
+    let refused =
+        DefaultPolicies::from_yaml("podValidation:\n  builtin: default\n  memoryLimitMib: 4096\n")
+            .unwrap();
+    let error = PolicyLoader::new(engine, None)
+        .with_defaults(refused)
+        .check_defaults()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("the default pod-validation policy cannot be used"),
+        "{error}"
+    );
 }
 
 #[tokio::test]

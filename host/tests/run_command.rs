@@ -129,6 +129,16 @@ async fn run_becomes_ready_serves_policy_metrics_and_exits_cleanly_on_sigterm() 
     let env = TestEnv::new("run-command").await;
     common::install_crds(env.client()).await;
     let kubeconfig = env.control_plane().kubeconfig_path().to_str().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let signing_secret = files.path().join("signing-secret");
+    // With the newline a mounted Secret often ends in.
+    std::fs::write(&signing_secret, "run-command-secret\n").unwrap();
+    let default_policies = files.path().join("default-policies.yaml");
+    std::fs::write(
+        &default_policies,
+        "scaling:\n  builtin: buffered\n  settings:\n    idle: 1\n",
+    )
+    .unwrap();
     let (mut child, mut lines) = start(&[
         "--kubeconfig",
         kubeconfig,
@@ -140,9 +150,18 @@ async fn run_becomes_ready_serves_policy_metrics_and_exits_cleanly_on_sigterm() 
         "json",
         "--log-level",
         "info",
+        "--slack-signing-secret-file",
+        signing_secret.to_str().unwrap(),
+        "--default-policies",
+        default_policies.to_str().unwrap(),
     ]);
 
-    let serving = log_line(&mut lines, "serving /healthz, /readyz and /metrics").await;
+    let serving = log_line(
+        &mut lines,
+        "serving /healthz, /readyz, /metrics and the hold API",
+    )
+    .await;
+    assert_eq!(serving["slack_interactions"], true, "{serving}");
     let base = format!("http://{}", serving["address"].as_str().unwrap());
     let http = reqwest::Client::new();
     assert_eq!(
@@ -245,6 +264,30 @@ async fn run_becomes_ready_serves_policy_metrics_and_exits_cleanly_on_sigterm() 
         "{text}"
     );
 
+    // The hold API is served, and refuses a caller with no token.
+    let hold = http
+        .post(format!(
+            "{base}/api/v1/namespaces/{}/ephemeralrunners/absent/hold",
+            env.namespace()
+        ))
+        .json(&serde_json::json!({"duration": "10m"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hold.status(), 401);
+    // Slack's buttons are served with the file's secret (trimmed): a press
+    // signed with it reaches the runner lookup (there is no such runner),
+    // one signed with another secret is refused before anything is read.
+    let interactions = format!("{base}/slack/interactions");
+    let press = fake_slack::Interaction::press(
+        arcwright::slack::message::EXTEND,
+        &format!("{}/absent", env.namespace()),
+        "run-command-secret",
+    );
+    assert_eq!(press.send(&interactions).await.unwrap(), 409);
+    let forged = press.signed_with("another-secret");
+    assert_eq!(forged.send(&interactions).await.unwrap(), 401);
+
     let pid = child.id().unwrap().to_string();
     let killed = std::process::Command::new("kill")
         .args(["-TERM", &pid])
@@ -257,6 +300,42 @@ async fn run_becomes_ready_serves_policy_metrics_and_exits_cleanly_on_sigterm() 
         .unwrap();
     assert_eq!(status.code(), Some(0), "{status}");
     log_line(&mut lines, "shut down cleanly").await;
+}
+
+/// A default policy that cannot be configured stops the process at
+/// start-up with its reason, rather than applying to no scale set quietly.
+#[tokio::test]
+async fn run_refuses_a_default_policy_it_cannot_use() {
+    let env = TestEnv::new("run-bad-defaults").await;
+    let kubeconfig = env.control_plane().kubeconfig_path().to_str().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let default_policies = files.path().join("default-policies.yaml");
+    std::fs::write(&default_policies, "scaling:\n  builtin: no-such-policy\n").unwrap();
+    let (mut child, mut lines) = start(&[
+        "--kubeconfig",
+        kubeconfig,
+        "--namespace",
+        env.namespace(),
+        "--listen-address",
+        "127.0.0.1:0",
+        "--default-policies",
+        default_policies.to_str().unwrap(),
+    ]);
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("arcwright exits")
+        .unwrap();
+    assert!(!status.success());
+    let mut stderr = String::new();
+    while let Some(line) = lines.recv().await {
+        stderr.push_str(&line);
+        stderr.push('\n');
+    }
+    assert!(
+        stderr.contains("the default scaling policy cannot be used")
+            && stderr.contains("no-such-policy"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]

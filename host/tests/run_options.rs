@@ -7,8 +7,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use arcwright::runtime::options::{
-    ControllerOptions, ElectionOptions, HttpOptions, KubeOptions, KubeSource, RunOptions,
-    ShutdownOptions, WatchOptions, WatchScope,
+    ControllerOptions, DebugOptions, ElectionOptions, HttpOptions, KubeOptions, KubeSource,
+    PolicyOptions, RunOptions, ShutdownOptions, WatchOptions, WatchScope,
 };
 use arcwright::telemetry::{LogFormat, LogOptions};
 use clap::Parser;
@@ -34,6 +34,10 @@ const VARS: &[&str] = &[
     "ARCWRIGHT_LEADER_ELECTION_NAMESPACE",
     "ARCWRIGHT_LEADER_ELECTION_LEASE",
     "ARCWRIGHT_LEASE_DURATION",
+    "ARCWRIGHT_DEFAULT_POLICIES",
+    "ARCWRIGHT_SLACK_API_URL",
+    "ARCWRIGHT_SLACK_SIGNING_SECRET_FILE",
+    "ARCWRIGHT_SLACK_EXTEND_BY",
 ];
 
 /// Parses `args` with exactly the `env` variables of ours set.
@@ -91,6 +95,14 @@ fn expected() -> RunOptions {
             leader_election_lease: "ci-controller".into(),
             lease_duration: Duration::from_secs(20),
         },
+        policies: PolicyOptions {
+            default_policies: Some("/etc/arcwright/default-policies.yaml".into()),
+        },
+        debug: DebugOptions {
+            slack_api_url: "http://slack.internal/api/".parse().unwrap(),
+            slack_signing_secret_file: Some("/etc/slack/signing-secret".into()),
+            slack_extend_by: Duration::from_secs(3600),
+        },
     }
 }
 
@@ -123,6 +135,14 @@ fn every_flag_is_read() {
             "ci-controller",
             "--lease-duration",
             "20s",
+            "--default-policies",
+            "/etc/arcwright/default-policies.yaml",
+            "--slack-api-url",
+            "http://slack.internal/api/",
+            "--slack-signing-secret-file",
+            "/etc/slack/signing-secret",
+            "--slack-extend-by",
+            "1h",
         ],
         &[],
     )
@@ -147,6 +167,16 @@ fn every_flag_falls_back_to_its_environment_variable() {
             ("ARCWRIGHT_LEADER_ELECTION_NAMESPACE", "arcwright-system"),
             ("ARCWRIGHT_LEADER_ELECTION_LEASE", "ci-controller"),
             ("ARCWRIGHT_LEASE_DURATION", "20s"),
+            (
+                "ARCWRIGHT_DEFAULT_POLICIES",
+                "/etc/arcwright/default-policies.yaml",
+            ),
+            ("ARCWRIGHT_SLACK_API_URL", "http://slack.internal/api/"),
+            (
+                "ARCWRIGHT_SLACK_SIGNING_SECRET_FILE",
+                "/etc/slack/signing-secret",
+            ),
+            ("ARCWRIGHT_SLACK_EXTEND_BY", "60m"),
         ],
     )
     .unwrap();

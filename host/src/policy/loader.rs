@@ -46,6 +46,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::defaults::{DefaultPolicies, DefaultPoliciesError};
 use super::{
     CallLimits, Decider, Policy, PolicyEngine, PolicyError, PolicyEvent, PolicyKind, PolicyReporter,
 };
@@ -225,6 +226,7 @@ pub struct PolicyLoader {
     client: Option<Client>,
     watches: Arc<Watches>,
     backoff: RetryBackoff,
+    defaults: Arc<DefaultPolicies>,
 }
 
 impl PolicyLoader {
@@ -235,7 +237,34 @@ impl PolicyLoader {
             client,
             watches: Arc::default(),
             backoff: RetryBackoff::default(),
+            defaults: Arc::default(),
         }
+    }
+
+    /// Loads `defaults` for an object whose spec names no policy of a kind,
+    /// instead of the bundled default (which stays the fallback).
+    pub fn with_defaults(mut self, defaults: DefaultPolicies) -> Self {
+        self.defaults = Arc::new(defaults);
+        self
+    }
+
+    /// Configures every configured default once, so a default that cannot
+    /// be used (an unknown builtin, settings it refuses, limits out of
+    /// bounds) is found at start-up rather than on every scale set.
+    pub async fn check_defaults(&self) -> Result<(), DefaultPoliciesError> {
+        for kind in PolicyKind::ALL {
+            let Some(spec) = self.defaults.get(kind) else {
+                continue;
+            };
+            let unusable = |source| DefaultPoliciesError::Unusable { kind, source };
+            let limits = spec.limits().map_err(unusable)?;
+            let name = spec.builtin.as_deref().unwrap_or(kind.default_builtin());
+            let label = spec.label(kind, "");
+            self.builtin(kind, name, spec, &label, limits)
+                .await
+                .map_err(unusable)?;
+        }
+        Ok(())
     }
 
     /// Retries versions that failed for a transient reason with `backoff`
@@ -278,7 +307,10 @@ impl PolicyLoader {
         reporter: Arc<dyn PolicyReporter>,
     ) -> Result<LoadedPolicy, PolicyError> {
         let fallback = self.default_policy(kind).await?;
-        let spec = spec.cloned().unwrap_or_default();
+        let spec = spec
+            .or_else(|| self.defaults.get(kind))
+            .cloned()
+            .unwrap_or_default();
         let label = spec.label(kind, namespace);
         let decider = Decider::new(Arc::clone(&fallback), fallback, Arc::clone(&reporter));
         let fail = |error: PolicyError| {

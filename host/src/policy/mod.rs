@@ -74,6 +74,7 @@ mod bindings;
 pub mod bundled;
 mod call;
 mod decide;
+pub mod defaults;
 mod engine;
 mod error;
 pub mod loader;

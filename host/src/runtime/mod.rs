@@ -43,6 +43,7 @@ pub mod wiring;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,16 +53,19 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::actions::ClientOptions;
+use crate::actions::{ClientOptions, Secret};
+use crate::controllers::ephemeral_runner::SlackConfig;
 use crate::controllers::ephemeral_runner_set::SetMetrics;
 use crate::controllers::metrics::ControllerMetrics;
 use crate::credentials::ActionsClients;
+use crate::policy::defaults::{DefaultPolicies, DefaultPoliciesError};
 use crate::policy::loader::PolicyLoader;
 use crate::policy::metrics::PolicyMetrics;
 use crate::policy::reporter::TracingReporter;
 use crate::policy::{EngineConfig, PolicyEngine, PolicyError, PolicyReporter};
+use crate::slack::InteractionsConfig;
 pub use metrics::MetricsRegistry;
-use options::{KubeSource, RunOptions, WatchScope};
+use options::{DebugOptions, KubeSource, RunOptions, WatchScope};
 pub use readiness::{Readiness, ReadinessGate};
 
 /// Any component's error: each layer keeps its own error enum, and the
@@ -126,6 +130,26 @@ pub enum RuntimeError {
     /// created).
     #[error("leader election cannot start: {0}")]
     Election(#[source] kube_lease_manager::LeaseManagerError),
+    /// The Slack signing secret's file is unreadable or empty.
+    #[error("the Slack signing secret cannot be read from {path}: {reason}")]
+    SigningSecret {
+        /// `--slack-signing-secret-file`.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The default policies' file cannot be read.
+    #[error("the default policies cannot be read from {path}: {source}")]
+    DefaultPoliciesFile {
+        /// `--default-policies`.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The default policies are refused.
+    #[error("{0}")]
+    DefaultPolicies(#[from] DefaultPoliciesError),
     /// Another replica took the Lease while this one led.
     #[error("leadership was lost; restarting as a standby")]
     LeadershipLost,
@@ -245,6 +269,77 @@ pub struct Shared {
     /// The name this host holds message sessions under, as the Actions
     /// service shows it: the pod's name in a cluster.
     pub owner: String,
+    /// Held failed runners' Slack settings.
+    pub debug: DebugSettings,
+}
+
+/// What held failed runners need from the flags.
+#[derive(Clone, Debug)]
+pub struct DebugSettings {
+    /// Where failures are posted and what Extend adds.
+    pub slack: SlackConfig,
+    /// The Slack app's signing secret; without it the interactivity
+    /// endpoint is not served.
+    pub signing_secret: Option<Secret>,
+}
+
+impl DebugSettings {
+    /// The settings `options` name, the signing secret read from its file.
+    pub fn read(options: &DebugOptions) -> Result<Self, RuntimeError> {
+        let signing_secret = match &options.slack_signing_secret_file {
+            None => None,
+            Some(path) => {
+                let failed = |reason: String| RuntimeError::SigningSecret {
+                    path: path.display().to_string(),
+                    reason,
+                };
+                let text = std::fs::read_to_string(path).map_err(|e| failed(e.to_string()))?;
+                // A mounted Secret often ends in a newline its author never
+                // meant as part of the secret.
+                let secret = text.trim();
+                if secret.is_empty() {
+                    return Err(failed("the file is empty".into()));
+                }
+                Some(Secret::new(secret))
+            }
+        };
+        Ok(Self {
+            slack: SlackConfig {
+                api_url: options.slack_api_url.clone(),
+                extend_by: options.slack_extend_by,
+            },
+            signing_secret,
+        })
+    }
+
+    /// The routes held runners are served on: the hold API always, Slack's
+    /// interactivity endpoint with a signing secret.
+    fn router(&self, client: &Client) -> axum::Router {
+        let hold = crate::debug::api::router(client.clone());
+        match &self.signing_secret {
+            Some(secret) => hold.merge(crate::slack::router(
+                client.clone(),
+                InteractionsConfig {
+                    signing_secret: secret.clone(),
+                    extend_by: self.slack.extend_by,
+                },
+            )),
+            None => hold,
+        }
+    }
+}
+
+/// Reads and parses `--default-policies`; no file is no defaults.
+fn read_default_policies(path: Option<&Path>) -> Result<DefaultPolicies, RuntimeError> {
+    let Some(path) = path else {
+        return Ok(DefaultPolicies::default());
+    };
+    let text =
+        std::fs::read_to_string(path).map_err(|source| RuntimeError::DefaultPoliciesFile {
+            path: path.display().to_string(),
+            source,
+        })?;
+    Ok(DefaultPolicies::from_yaml(&text)?)
 }
 
 impl Shared {
@@ -256,7 +351,9 @@ impl Shared {
         let policy_metrics = metrics.register(PolicyMetrics::register);
         let engine = PolicyEngine::new(EngineConfig::default()).map_err(RuntimeError::Policy)?;
         let actions = ClientOptions::default();
+        let defaults = read_default_policies(options.policies.default_policies.as_deref())?;
         Ok(Self {
+            debug: DebugSettings::read(&options.debug)?,
             clients: ActionsClients::new(client.clone(), actions.clone()),
             controllers: metrics.register(ControllerMetrics::register),
             runner_sets: metrics.register(SetMetrics::register),
@@ -265,7 +362,7 @@ impl Shared {
                 .filter(|name| !name.is_empty())
                 .unwrap_or_else(|| "arcwright".to_owned()),
             policy: PolicyServices {
-                loader: PolicyLoader::new(engine, Some(client.clone())),
+                loader: PolicyLoader::new(engine, Some(client.clone())).with_defaults(defaults),
                 reporter: Arc::new(TracingReporter::new(policy_metrics.clone())),
                 metrics: policy_metrics,
             },
@@ -416,12 +513,17 @@ impl Runtime {
         let mut server = tokio::spawn(
             axum::serve(
                 listener,
-                server::router(shared.metrics.clone(), readiness.clone()),
+                server::router(shared.metrics.clone(), readiness.clone())
+                    .merge(shared.debug.router(&shared.client)),
             )
             .with_graceful_shutdown(stop_serving.clone().cancelled_owned())
             .into_future(),
         );
-        tracing::info!(%address, "serving /healthz, /readyz and /metrics");
+        tracing::info!(
+            %address,
+            slack_interactions = shared.debug.signing_secret.is_some(),
+            "serving /healthz, /readyz, /metrics and the hold API"
+        );
 
         let root = CancellationToken::new();
         let mut tasks = JoinSet::new();
@@ -579,7 +681,8 @@ mod tests {
 
     use super::*;
     use crate::runtime::options::{
-        ControllerOptions, ElectionOptions, HttpOptions, KubeOptions, ShutdownOptions, WatchOptions,
+        ControllerOptions, ElectionOptions, HttpOptions, KubeOptions, PolicyOptions,
+        ShutdownOptions, WatchOptions,
     };
     use crate::telemetry::{LogFormat, LogOptions};
 
@@ -615,6 +718,14 @@ mod tests {
                 leader_election_namespace: None,
                 leader_election_lease: "arcwright-controller".into(),
                 lease_duration: Duration::from_secs(15),
+            },
+            policies: PolicyOptions {
+                default_policies: None,
+            },
+            debug: DebugOptions {
+                slack_api_url: crate::slack::DEFAULT_API_URL.parse().unwrap(),
+                slack_signing_secret_file: None,
+                slack_extend_by: crate::slack::DEFAULT_EXTEND_BY,
             },
         };
         Shared::new(Client::try_from(config).unwrap(), &options).unwrap()

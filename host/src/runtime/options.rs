@@ -36,6 +36,60 @@ pub struct RunOptions {
     /// Whether replicas elect a leader.
     #[command(flatten, next_help_heading = "Leader election")]
     pub election: ElectionOptions,
+    /// The cluster-wide default policies.
+    #[command(flatten, next_help_heading = "Policies")]
+    pub policies: PolicyOptions,
+    /// Held failed runners: Slack and the hold API.
+    #[command(flatten, next_help_heading = "Debugging")]
+    pub debug: DebugOptions,
+}
+
+/// The cluster-wide default policies ([`crate::policy::defaults`]).
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
+pub struct PolicyOptions {
+    /// A YAML file with the policy a scale set gets when its spec names
+    /// none, per kind (`scaling`, `deregistration`, `podValidation`, each
+    /// `{builtin: NAME, settings: {...}}`); kinds left out keep the bundled
+    /// default. Read once at start-up; a bad file stops the process.
+    #[arg(long, env = "ARCWRIGHT_DEFAULT_POLICIES", value_name = "PATH")]
+    pub default_policies: Option<PathBuf>,
+}
+
+/// Held failed runners (a scale set's `spec.debug`): where their Slack
+/// posts go and how the buttons on them are checked.
+///
+/// The hold API (`/api/v1/namespaces/{ns}/ephemeralrunners/{name}/hold`)
+/// needs no flag: it authenticates every caller against the cluster, so it
+/// is always served. Slack's button presses are served only with a signing
+/// secret, because without one nothing could tell Slack's requests from
+/// anybody's.
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
+pub struct DebugOptions {
+    /// The Slack Web API's base URL (a scale set's `spec.debug.slack` names
+    /// the channel and the Secret with its bot token).
+    #[arg(
+        long,
+        env = "ARCWRIGHT_SLACK_API_URL",
+        value_name = "URL",
+        default_value = crate::slack::DEFAULT_API_URL
+    )]
+    pub slack_api_url: url::Url,
+    /// A file holding the Slack app's signing secret (a mounted Secret):
+    /// with it, `/slack/interactions` is served for the Extend and Release
+    /// buttons. A file rather than a flag's value, so the secret is in no
+    /// process listing.
+    #[arg(long, env = "ARCWRIGHT_SLACK_SIGNING_SECRET_FILE", value_name = "PATH")]
+    pub slack_signing_secret_file: Option<PathBuf>,
+    /// How much later Slack's Extend button moves a hold (still capped by
+    /// the scale set's `maxHold`).
+    #[arg(
+        long,
+        env = "ARCWRIGHT_SLACK_EXTEND_BY",
+        value_name = "DURATION",
+        default_value = "30m",
+        value_parser = parse_positive_duration
+    )]
+    pub slack_extend_by: Duration,
 }
 
 /// Leader election: with several replicas, only the holder of a
@@ -262,6 +316,16 @@ pub struct ShutdownOptions {
     pub shutdown_timeout: Duration,
 }
 
+/// A duration that is more than zero (an Extend of nothing would be a
+/// button that does nothing).
+fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    let duration = parse_duration(text)?;
+    if duration.is_zero() {
+        return Err(format!("{text:?} is zero"));
+    }
+    Ok(duration)
+}
+
 /// `25s`, `1m30s`, `2 minutes` or ISO 8601 (`PT25S`).
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let signed: jiff::SignedDuration = text
@@ -316,7 +380,13 @@ mod tests {
                 },
             shutdown: ShutdownOptions { shutdown_timeout },
             election,
+            policies,
+            debug,
         } = parse(&[]).unwrap();
+        assert_eq!(policies.default_policies, None);
+        assert_eq!(debug.slack_api_url.as_str(), crate::slack::DEFAULT_API_URL);
+        assert_eq!(debug.slack_signing_secret_file, None);
+        assert_eq!(debug.slack_extend_by, crate::slack::DEFAULT_EXTEND_BY);
         assert!(
             !election.leader_elect,
             "a lone replica leads without a Lease"
@@ -361,6 +431,8 @@ mod tests {
                 "is not a duration like 25s",
             ),
             (&["--shutdown-timeout=-5s"], "is negative"),
+            (&["--slack-extend-by", "0s"], "is zero"),
+            (&["--slack-api-url", "slack"], "relative URL without a base"),
         ];
         for (args, want) in cases {
             let err = parse(args).unwrap_err().to_string();

@@ -73,6 +73,7 @@ async fn ephemeral_runners(ctx: Context) -> Result<(), BoxError> {
             namespace,
             pool: pool.clone(),
             concurrency: shared.reconcile_concurrency,
+            slack: shared.debug.slack.clone(),
             ..Config::default()
         };
         ephemeral_runner::run(deps.clone(), config, ctx.shutdown.clone(), synced.clone())
@@ -189,7 +190,9 @@ async fn kubernetes(ctx: Context) -> Result<(), BoxError> {
     }
 }
 
-/// Compiles the bundled default of every kind before saying ready: the
+/// Checks the configured default policies (a bad one stops the process
+/// with its reason, [`crate::policy::defaults`]) and compiles the bundled
+/// default of every kind before saying ready: the
 /// first reconciles do not each wait for a compilation, and an engine that
 /// cannot compile at all (a CPU cranelift does not support, a broken
 /// build) stops the process at once with the reason, rather than failing
@@ -200,6 +203,7 @@ async fn kubernetes(ctx: Context) -> Result<(), BoxError> {
 /// from the first scrape lets `rate()` see the first decision and lets
 /// dashboards and alerts find their metrics before any job ran.
 async fn policy(ctx: Context) -> Result<(), BoxError> {
+    ctx.shared.policy.loader.check_defaults().await?;
     for kind in PolicyKind::ALL {
         let default = ctx.shared.policy.loader.default_policy(kind).await?;
         let labels = DecisionLabels {

@@ -730,6 +730,27 @@ fn running(
         RunnerContainer::Terminated { exit_code, reason } => Some((*exit_code, reason.clone())),
         _ => None,
     };
+    if let Some(max_idle_age) = max_idle_age(obs.runner)
+        && renewing(status)
+        && !status.has_job()
+        && matches!(terminated, Some((0, _)))
+    {
+        // A runner exits 0 once its registration is gone: when the
+        // renewal removed it, that exit is the renewal's own doing, not the
+        // runner finishing, so the renewal goes on (pod and Secret deleted,
+        // a new registration) instead of the runner ending Succeeded and
+        // its set replacing it under a new name.
+        return renew(
+            obs,
+            settings,
+            status,
+            runner_id,
+            pod,
+            max_idle_age,
+            patch,
+            plan,
+        );
+    }
     if let Some(why) = job_failure(status, terminated.as_ref(), pod) {
         if hold(
             obs,
@@ -1075,6 +1096,16 @@ fn debugging(
         }
     }
     Ok(())
+}
+
+/// Whether this runner's registration removal was asked for while it
+/// lives (not deleted, not done): only a `maxIdleAge` renewal does that.
+/// Covers the removal under way (`RemoveNow`) and done (`Removed`,
+/// `NotFound`), since the runner may exit in either window.
+fn renewing(status: &EphemeralRunnerStatus) -> bool {
+    status
+        .condition(REGISTERED)
+        .is_some_and(|c| matches!(c.reason.as_str(), "RemoveNow" | "Removed" | "NotFound"))
 }
 
 /// The runner's `maxIdleAge`, if it has a usable one. The apiserver refuses
@@ -2259,6 +2290,28 @@ mod tests {
                     .pool(PoolView::Removed)
                     .now(70),
                 vec!["status", "event", "count", "delete-pod", "delete-secret"],
+                None,
+            ),
+            (
+                "exited 0 while its removal is under way: the renewal goes on",
+                case(idle().status(|s| {
+                    s.conditions.retain(|c| c.type_ != REGISTERED);
+                    s.conditions.push(cond(REGISTERED, true, "RemoveNow"));
+                }))
+                .secret(7)
+                .pod(exited(0))
+                .pool(PoolView::Claimed)
+                .now(70),
+                vec![],
+                Some(30),
+            ),
+            (
+                "exited 0 after its removal: pod and Secret go, not Succeeded",
+                case(idle().gone("Removed"))
+                    .secret(7)
+                    .pod(exited(0))
+                    .now(70),
+                vec!["delete-pod", "delete-secret"],
                 None,
             ),
             (
