@@ -54,6 +54,16 @@ impl ControlPlane {
     /// Builds the binaries if this machine has never built them, then starts
     /// etcd and kube-apiserver on free loopback ports and waits for `/readyz`.
     pub async fn start() -> Result<Self, HarnessError> {
+        Self::start_with_apiserver_args(Vec::new()).await
+    }
+
+    /// [`ControlPlane::start`], with `extra` flags appended to the API
+    /// server's command line: what a caller measuring the server needs (an
+    /// audit log with its policy, `--audit-log-path=...`), without the
+    /// harness having to know every flag. A flag given twice is the API
+    /// server's to resolve (the last one wins for most), so `extra` can
+    /// override the defaults too; the caller owns that choice.
+    pub async fn start_with_apiserver_args(extra: Vec<String>) -> Result<Self, HarnessError> {
         let bin = tokio::task::spawn_blocking(|| {
             binaries::ensure_built(&|line| eprintln!("arcwright-harness: {line}"))
         })
@@ -66,7 +76,7 @@ impl ControlPlane {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Self::start_with(&bin).await {
+            match Self::start_with(&bin, &extra).await {
                 Err(HarnessError::Start(message))
                     if attempt < 3 && message.contains("address already in use") =>
                 {
@@ -77,7 +87,7 @@ impl ControlPlane {
         }
     }
 
-    async fn start_with(bin: &Path) -> Result<Self, HarnessError> {
+    async fn start_with(bin: &Path, extra: &[String]) -> Result<Self, HarnessError> {
         static SEQUENCE: AtomicU32 = AtomicU32::new(0);
         let started = Instant::now();
         let temp = std::env::temp_dir();
@@ -163,7 +173,10 @@ impl ControlPlane {
             // There are no endpoints to keep for the `kubernetes` service.
             "--endpoint-reconciler-type=none".to_owned(),
             "--profiling=false".to_owned(),
-        ];
+        ]
+        .into_iter()
+        .chain(extra.iter().cloned())
+        .collect::<Vec<_>>();
         let apiserver = Supervised::start(
             "kube-apiserver",
             &bin.join("kube-apiserver"),

@@ -118,8 +118,9 @@ impl Drop for TestEnv {
     }
 }
 
-/// A DNS-1123 label: the test's name, shortened, plus five random characters.
-fn namespace_name(name: &str) -> String {
+/// A DNS-1123 label: the test's name, shortened, plus five random characters
+/// (a namespace name no earlier run on the same control plane took).
+pub fn namespace_name(name: &str) -> String {
     let mut base = sanitize(name);
     base.truncate(50);
     let base = base.trim_end_matches('-');

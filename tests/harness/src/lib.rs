@@ -23,7 +23,7 @@ mod env;
 pub mod process;
 
 pub use control_plane::ControlPlane;
-pub use env::{TestEnv, shared_control_plane};
+pub use env::{TestEnv, namespace_name, shared_control_plane};
 
 use std::path::PathBuf;
 

@@ -1,0 +1,175 @@
+//! The figures a run reports, computed from what was recorded, without I/O.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// The `p`-th percentile (0..=100) by nearest rank: the smallest sample
+/// with at least `p` % of the samples at or below it. Nearest rank reports
+/// a value that was measured, never an interpolation between two. `None`
+/// for no samples.
+pub fn percentile(samples: &[Duration], p: u32) -> Option<Duration> {
+    if samples.is_empty() {
+        return None;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let n = sorted.len();
+    let rank = (usize::try_from(p.min(100)).unwrap_or(100) * n).div_ceil(100);
+    Some(sorted[rank.clamp(1, n) - 1])
+}
+
+/// Per-job differences `to[job] - from[job]` for the jobs that have both.
+pub fn intervals(from: &HashMap<u64, Instant>, to: &HashMap<u64, Instant>) -> Vec<Duration> {
+    from.iter()
+        .filter_map(|(job, start)| to.get(job).map(|end| end.saturating_duration_since(*start)))
+        .collect()
+}
+
+/// When the live count first reached `target`, from `(when, count)` samples
+/// in time order.
+pub fn first_reaching(history: &[(Instant, usize)], target: usize) -> Option<Instant> {
+    history
+        .iter()
+        .find(|(_, count)| *count >= target)
+        .map(|(at, _)| *at)
+}
+
+/// The scale benchmark's result: the one line `cargo xtask bench scale`
+/// prints.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchReport {
+    /// Jobs run.
+    pub jobs: u64,
+    /// Burst enqueued to last job finished.
+    pub wall: Duration,
+    /// Wait from enqueued to started, 50th percentile.
+    pub p50_wait: Duration,
+    /// The same, 95th percentile.
+    pub p95_wait: Duration,
+    /// Burst enqueued to `min(jobs, max runners)` runner pods existing.
+    pub scaleup: Duration,
+    /// Job finished to its runner pod gone, 50th percentile.
+    pub p50_cleanup: Duration,
+    /// Calls the host made to the Actions service and GitHub API.
+    pub actions_calls: u64,
+    /// Requests the host made to the API server.
+    pub apiserver_requests: u64,
+    /// Of those, writes.
+    pub apiserver_writes: u64,
+    /// Host CPU time over the run.
+    pub host_cpu: Duration,
+    /// Host peak resident set, bytes.
+    pub host_peak_rss_bytes: u64,
+}
+
+impl fmt::Display for BenchReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let jobs = self.jobs.max(1) as f64;
+        let wall = self.wall.as_secs_f64();
+        write!(
+            f,
+            "jobs={} wall_s={:.2} jobs_per_s={:.2} p50_wait_ms={} p95_wait_ms={} scaleup_ms={} \
+             p50_cleanup_ms={} actions_calls_per_job={:.2} apiserver_requests_per_job={:.2} \
+             apiserver_writes_per_job={:.2} host_cpu_s={:.2} host_peak_rss_mib={:.1}",
+            self.jobs,
+            wall,
+            if wall > 0.0 {
+                self.jobs as f64 / wall
+            } else {
+                0.0
+            },
+            self.p50_wait.as_millis(),
+            self.p95_wait.as_millis(),
+            self.scaleup.as_millis(),
+            self.p50_cleanup.as_millis(),
+            self.actions_calls as f64 / jobs,
+            self.apiserver_requests as f64 / jobs,
+            self.apiserver_writes as f64 / jobs,
+            self.host_cpu.as_secs_f64(),
+            self.host_peak_rss_bytes as f64 / (1024.0 * 1024.0),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let samples: Vec<Duration> = (1..=20).rev().map(|v| ms(v * 10)).collect();
+        assert_eq!(percentile(&samples, 50), Some(ms(100)));
+        assert_eq!(percentile(&samples, 95), Some(ms(190)));
+        assert_eq!(percentile(&samples, 100), Some(ms(200)));
+        assert_eq!(percentile(&samples, 0), Some(ms(10)));
+        assert_eq!(percentile(&[ms(7)], 95), Some(ms(7)));
+        assert_eq!(percentile(&[], 50), None);
+    }
+
+    #[test]
+    fn intervals_pair_jobs_and_skip_the_unfinished() {
+        let t0 = Instant::now();
+        let from: HashMap<u64, Instant> = [(1, t0), (2, t0), (3, t0)].into();
+        let to: HashMap<u64, Instant> = [(1, t0 + ms(5)), (3, t0 + ms(9))].into();
+        let mut got = intervals(&from, &to);
+        got.sort();
+        assert_eq!(got, [ms(5), ms(9)]);
+    }
+
+    #[test]
+    fn the_first_sample_at_the_target_counts() {
+        let t0 = Instant::now();
+        let history = [(t0, 0), (t0 + ms(5), 2), (t0 + ms(9), 3), (t0 + ms(12), 1)];
+        assert_eq!(first_reaching(&history, 3), Some(t0 + ms(9)));
+        assert_eq!(first_reaching(&history, 4), None);
+    }
+
+    #[test]
+    fn the_report_is_one_line_with_every_field_in_order() {
+        let report = BenchReport {
+            jobs: 200,
+            wall: Duration::from_secs(20),
+            p50_wait: ms(1500),
+            p95_wait: ms(3000),
+            scaleup: ms(1800),
+            p50_cleanup: ms(400),
+            actions_calls: 220,
+            apiserver_requests: 1300,
+            apiserver_writes: 1000,
+            host_cpu: ms(4500),
+            host_peak_rss_bytes: 40 * 1024 * 1024 + 512 * 1024,
+        };
+        let line = report.to_string();
+        assert!(!line.contains('\n'));
+        let keys: Vec<&str> = line
+            .split(' ')
+            .map(|pair| pair.split_once('=').unwrap().0)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "jobs",
+                "wall_s",
+                "jobs_per_s",
+                "p50_wait_ms",
+                "p95_wait_ms",
+                "scaleup_ms",
+                "p50_cleanup_ms",
+                "actions_calls_per_job",
+                "apiserver_requests_per_job",
+                "apiserver_writes_per_job",
+                "host_cpu_s",
+                "host_peak_rss_mib"
+            ]
+        );
+        assert!(line.contains("jobs_per_s=10.00"), "{line}");
+        assert!(line.contains("actions_calls_per_job=1.10"), "{line}");
+        assert!(line.contains("apiserver_writes_per_job=5.00"), "{line}");
+        assert!(line.contains("host_peak_rss_mib=40.5"), "{line}");
+    }
+}

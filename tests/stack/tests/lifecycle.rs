@@ -1,0 +1,352 @@
+//! Whole lifecycles through the real `arcwright run` binary, against the
+//! local API server, the fake Actions service and the runner simulator.
+//! Every test ends with the ledger invariant: every registration the fake
+//! created was removed, deregistered itself, or belongs to a live runner;
+//! no job was cancelled because its pod went; every job completed.
+//!
+//! One control plane serves the whole binary, a namespace (with its own
+//! fake, simulator and host process) per test. Jobs are short and bursts
+//! small: what is tested is the sequence of states, not speed.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arcwright::api::{AutoscalingRunnerSet, AutoscalingRunnerSetPhase, EphemeralRunnerPhase};
+use arcwright::policy::PolicyKind;
+use arcwright_stack::{RUNNER_ENDPOINTS, ScaleSet, Stack, StackConfig};
+use fake_actions::{Endpoint, Fault, FaultKind};
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, watcher};
+use runner_simulator::{Fate, Rule, Scenario, Stage};
+
+const SET: &str = "linux";
+
+async fn stack(name: &str, scenario: Scenario) -> Stack {
+    let mut config = StackConfig::new(name);
+    config.scenario = scenario;
+    Stack::start(config).await.expect("the stack starts")
+}
+
+fn scale_set_id(set: &AutoscalingRunnerSet) -> u64 {
+    let id = set.status.as_ref().and_then(|s| s.runner_scale_set_id);
+    u64::try_from(id.expect("registered")).unwrap()
+}
+
+/// Every `spec.replicas` the scale set's EphemeralRunnerSet is seen with.
+fn record_replicas(stack: &Stack) -> Arc<Mutex<Vec<i32>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let stream =
+        watcher::watcher(stack.runner_sets(), watcher::Config::default()).applied_objects();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(Ok(set)) = stream.next().await {
+            sink.lock().unwrap().push(set.spec.replicas);
+        }
+    });
+    seen
+}
+
+fn bundled_scaling(name: &str) -> &'static [u8] {
+    arcwright::policy::bundled::find(PolicyKind::Scaling, name)
+        .expect("a bundled scaling policy")
+        .wasm
+}
+
+#[tokio::test]
+async fn a_burst_scales_up_to_max_and_back_down_to_zero() {
+    let stack = stack("burst", Scenario::succeed()).await;
+    stack
+        .create_scale_set(&ScaleSet::new(SET, 0, 3))
+        .await
+        .unwrap();
+    stack.listening(SET).await.unwrap();
+    let replicas = record_replicas(&stack);
+
+    stack.enqueue(SET, 8, Duration::from_millis(300));
+    stack.jobs_succeeded(8).await.unwrap();
+    stack.settled_at(0).await.unwrap();
+    let set = stack
+        .scale_set_until(SET, "the last decision is zero", |set| {
+            set.status
+                .as_ref()
+                .and_then(|s| s.scaling.as_ref())
+                .is_some_and(|s| s.desired_runners == 0)
+        })
+        .await
+        .unwrap();
+    let replicas = replicas.lock().unwrap().clone();
+    assert!(
+        replicas.contains(&3),
+        "scaled up to maxRunners: {replicas:?}"
+    );
+    assert!(
+        replicas.iter().all(|&r| r <= 3),
+        "never above maxRunners: {replicas:?}"
+    );
+    assert_eq!(replicas.last(), Some(&0), "{replicas:?}");
+    assert!(!set.status.unwrap().scaling.unwrap().reason.is_empty());
+    stack.check_ledger(8).await.unwrap();
+}
+
+#[tokio::test]
+async fn min_runners_keep_a_warm_pool_through_a_burst() {
+    let stack = stack("warm", Scenario::succeed()).await;
+    stack
+        .create_scale_set(&ScaleSet::new(SET, 2, 4))
+        .await
+        .unwrap();
+    // Two idle runners, registered, before any job.
+    stack.settled_at(2).await.unwrap();
+    let warm: BTreeSet<String> = stack.sim().runners().into_iter().map(|r| r.pod).collect();
+
+    stack.enqueue(SET, 5, Duration::from_millis(300));
+    stack.jobs_succeeded(5).await.unwrap();
+    stack.settled_at(2).await.unwrap();
+    // The warm runners took jobs (they were idle and registered), and the
+    // pool was refilled with new ones.
+    let records = stack.sim().runners();
+    assert!(
+        records
+            .iter()
+            .filter(|r| warm.contains(&r.pod))
+            .all(|r| !r.jobs.is_empty()),
+        "{records:?}"
+    );
+    stack.check_ledger(5).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_scaling_policy_swapped_in_its_config_map_decides_the_next_burst() {
+    let stack = stack("policy-swap", Scenario::succeed()).await;
+    stack
+        .put_policy("scaling", bundled_scaling("default"))
+        .await
+        .unwrap();
+    let set = ScaleSet::new(SET, 0, 2).with_policy_config_map("scaling");
+    stack.create_scale_set(&set).await.unwrap();
+    stack.listening(SET).await.unwrap();
+    let label = format!("configmap:{}/scaling", stack.namespace());
+
+    stack.enqueue(SET, 2, Duration::from_millis(200));
+    stack.jobs_succeeded(2).await.unwrap();
+    let before = stack
+        .scale_set_until(SET, "a decision by the ConfigMap's module", |set| {
+            set.status
+                .as_ref()
+                .and_then(|s| s.scaling.as_ref())
+                .is_some_and(|s| s.policy == label && s.fallback_reason.is_none())
+        })
+        .await
+        .unwrap();
+    let reason = before.status.unwrap().scaling.unwrap().reason;
+    assert!(!reason.contains("buffer"), "ARC's formula: {reason}");
+
+    // The buffered policy replaces the default in place; the host is not
+    // restarted and the scale set is not touched.
+    stack
+        .put_policy("scaling", bundled_scaling("buffered"))
+        .await
+        .unwrap();
+    stack.enqueue(SET, 2, Duration::from_millis(200));
+    stack.jobs_succeeded(4).await.unwrap();
+    stack
+        .scale_set_until(SET, "a decision by the swapped module", |set| {
+            set.status
+                .as_ref()
+                .and_then(|s| s.scaling.as_ref())
+                .is_some_and(|s| s.policy == label && s.reason.contains("buffer"))
+        })
+        .await
+        .unwrap();
+    stack.settled_at(0).await.unwrap();
+    stack.check_ledger(4).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_runner_that_keeps_failing_is_retried_then_given_up_and_replaced() {
+    let stack = stack("failing", Scenario::succeed()).await;
+    // The first five runner pods crash on start (exit 1, never connecting):
+    // the runner's whole retry budget.
+    stack.sim().add_rule(Rule::next(5, Scenario::fail()));
+    let failed = Arc::new(Mutex::new(BTreeSet::new()));
+    {
+        let failed = failed.clone();
+        let stream =
+            watcher::watcher(stack.runners(), watcher::Config::default()).applied_objects();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(Ok(runner)) = stream.next().await {
+                let status = runner.status.unwrap_or_default();
+                if status.phase == Some(EphemeralRunnerPhase::Failed) {
+                    failed
+                        .lock()
+                        .unwrap()
+                        .insert((runner.metadata.name.unwrap(), status.failures.len()));
+                }
+            }
+        });
+    }
+    stack
+        .create_scale_set(&ScaleSet::new(SET, 1, 1))
+        .await
+        .unwrap();
+
+    // The warm runner is retried on new pods until its budget is spent, is
+    // then Failed, removed, and replaced by a runner that works.
+    stack
+        .until("five failed pods", || async {
+            // Crashed, and then deleted for the next try (or not yet).
+            let crashed = stack
+                .sim()
+                .runners()
+                .iter()
+                .filter(|r| r.scenario.fate == Fate::Fail)
+                .filter(|r| matches!(r.stage, Stage::Exited { code: 1 } | Stage::Deleted))
+                .count();
+            (crashed == 5).then_some(())
+        })
+        .await
+        .unwrap();
+    stack.settled_at(1).await.unwrap();
+    let given_up = failed.lock().unwrap().clone();
+    assert_eq!(given_up.len(), 1, "one runner gave up: {given_up:?}");
+    let (name, failures) = given_up.into_iter().next().unwrap();
+    assert_eq!(failures, 5, "{name} was tried five times");
+    let records = stack.sim().runners();
+    assert_eq!(
+        records
+            .iter()
+            .filter(|r| r.runner_name.as_deref() == Some(name.as_str()))
+            .count(),
+        5,
+        "each try was a new pod of the same runner: {records:?}"
+    );
+    // Its registration, never used, was removed by the host.
+    assert!(stack.fake().control().ledger().removed_by_api >= 1);
+
+    stack.enqueue(SET, 1, Duration::from_millis(200));
+    stack.jobs_succeeded(1).await.unwrap();
+    stack.settled_at(1).await.unwrap();
+    stack.check_ledger(1).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_outdated_runner_parks_the_set_until_the_spec_changes() {
+    let stack = stack("outdated", Scenario::outdated()).await;
+    stack
+        .create_scale_set(&ScaleSet::new(SET, 1, 2))
+        .await
+        .unwrap();
+    let set = stack
+        .scale_set_until(SET, "the set is Outdated", |set| {
+            set.status
+                .as_ref()
+                .is_some_and(|s| s.phase == Some(AutoscalingRunnerSetPhase::Outdated))
+        })
+        .await
+        .unwrap();
+    let id = scale_set_id(&set);
+    // Parked: the listener is off and no runner is wanted, whatever
+    // minRunners says.
+    stack
+        .until("the listener is off", || async {
+            (!stack.fake().control().has_session(id)).then_some(())
+        })
+        .await
+        .unwrap();
+    stack
+        .until("the runner set rests at zero", || async {
+            let set = stack.runner_sets().list(&Default::default()).await.ok()?;
+            set.items.iter().all(|s| s.spec.replicas == 0).then_some(())
+        })
+        .await
+        .unwrap();
+    let outdated = stack.sim().runners();
+    assert!(
+        outdated
+            .iter()
+            .all(|r| r.stage == Stage::Exited { code: 7 }),
+        "{outdated:?}"
+    );
+    // A job that arrives while parked waits.
+    stack.enqueue(SET, 1, Duration::from_millis(200));
+
+    // A new runner version: the spec changes, the set runs again.
+    stack.sim().set_default_scenario(Scenario::succeed());
+    stack
+        .set_image(SET, "ghcr.io/actions/actions-runner:2.331.0")
+        .await
+        .unwrap();
+    stack.listening(SET).await.unwrap();
+    stack.jobs_succeeded(1).await.unwrap();
+    stack.settled_at(1).await.unwrap();
+    stack.check_ledger(1).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_host_killed_twice_in_a_burst_loses_no_job_and_leaks_nothing() {
+    let mut stack = stack("sigkill", Scenario::succeed()).await;
+    stack
+        .create_scale_set(&ScaleSet::new(SET, 0, 3))
+        .await
+        .unwrap();
+    let set = stack.listening(SET).await.unwrap();
+    let id = scale_set_id(&set);
+    stack.enqueue(SET, 12, Duration::from_millis(1000));
+
+    for done in [2, 6] {
+        stack
+            .fake()
+            .control()
+            .wait_until(arcwright_stack::WAIT, |s| s.ledger.jobs_succeeded >= done)
+            .await
+            .unwrap();
+        stack.kill_host();
+        // A killed listener leaves its message session behind; the service
+        // expires it after minutes of silence. Dropping it here plays that
+        // expiry without the wait.
+        stack.fake().control().drop_session(id);
+        stack.start_host().await.unwrap();
+    }
+    stack.jobs_succeeded(12).await.unwrap();
+    stack.settled_at(0).await.unwrap();
+    stack.check_ledger(12).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_thirty_second_actions_outage_is_ridden_out() {
+    let stack = stack("outage", Scenario::succeed()).await;
+    stack
+        .create_scale_set(&ScaleSet::new(SET, 0, 2))
+        .await
+        .unwrap();
+    stack.listening(SET).await.unwrap();
+    stack.enqueue(SET, 2, Duration::from_millis(200));
+    stack.jobs_succeeded(2).await.unwrap();
+
+    // Every endpoint the host calls answers 503 for 30 s. The runners' own
+    // endpoints keep working: a runner already running a job is not the
+    // host's to save.
+    let control = stack.fake().control();
+    let outage = Instant::now();
+    for endpoint in Endpoint::ALL {
+        if !RUNNER_ENDPOINTS.contains(&endpoint) {
+            control.inject(Fault::new(endpoint, FaultKind::status(503), u32::MAX));
+        }
+    }
+    stack.enqueue(SET, 3, Duration::from_millis(200));
+    stack
+        .until("the host meets the outage", || async {
+            (control.counters().faults(Endpoint::GetMessage) > 0).then_some(())
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(30).saturating_sub(outage.elapsed())).await;
+    control.clear_faults();
+
+    stack.jobs_succeeded(5).await.unwrap();
+    stack.settled_at(0).await.unwrap();
+    stack.check_ledger(5).await.unwrap();
+}
