@@ -84,13 +84,7 @@ impl Harness {
         let namespace = env.namespace().to_string();
         let stop = shutdown.clone();
         tokio::spawn(async move {
-            controller::run(
-                context,
-                Some(&namespace),
-                async move { stop.cancelled().await },
-                Synced::default(),
-            )
-            .await
+            controller::run(context, Some(&namespace), stop, Synced::default()).await
         });
         Self {
             env,

@@ -8,10 +8,12 @@ pub mod ephemeral_runner_set;
 pub mod metrics;
 pub mod projection;
 
+use std::future::Future;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
 use kube::runtime::watcher;
+use tokio_util::sync::CancellationToken;
 
 use crate::api::{GitHubServerTls, ProxySpec};
 use crate::credentials::{GitHubTarget, ProxyTarget};
@@ -43,20 +45,62 @@ impl Synced {
     }
 
     /// Passes a watch's events through, announcing once, at the first
-    /// `InitDone` (later relists are not news).
-    pub fn on_listed<K, S>(&self, events: S) -> impl Stream<Item = S::Item> + Send + use<K, S>
+    /// `InitDone` (later relists are not news); the [`Listed`] says the same
+    /// to [`until_shutdown`].
+    pub fn on_listed<K, S>(
+        &self,
+        events: S,
+    ) -> (impl Stream<Item = S::Item> + Send + use<K, S>, Listed)
     where
         K: Send + 'static,
         S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
     {
         let mut pending = self.0.clone();
-        events.inspect(move |event| {
-            if let Ok(watcher::Event::InitDone) = event
-                && let Some(announce) = pending.take()
-            {
-                announce();
+        let (listed, seen) = tokio::sync::watch::channel(false);
+        let events = events.inspect(move |event| {
+            if let Ok(watcher::Event::InitDone) = event {
+                listed.send_replace(true);
+                if let Some(announce) = pending.take() {
+                    announce();
+                }
             }
-        })
+        });
+        (events, Listed(seen))
+    }
+}
+
+/// Whether a controller's own watch has finished its first listing.
+#[derive(Clone, Debug)]
+pub struct Listed(tokio::sync::watch::Receiver<bool>);
+
+/// Runs a controller to its end, except that a shutdown asked for before
+/// its watch first listed its objects ends it at once.
+///
+/// kube-runtime holds every reconcile until the controller's store has
+/// listed, and while it waits it does not notice that its trigger streams
+/// ended: a controller told to shut down in the middle of its first list
+/// (a process stopped during start-up, or failing at once for another
+/// reason) would wait for a list that is never finished, and the process
+/// would sit out its whole shutdown bound. Until that list nothing can have
+/// been reconciled, so dropping the controller then loses nothing; after
+/// it, the controller's own graceful shutdown lets reconciles in flight
+/// finish.
+pub async fn until_shutdown(
+    controller: impl Future<Output = ()>,
+    shutdown: &CancellationToken,
+    listed: Listed,
+) {
+    let before_listing = async {
+        shutdown.cancelled().await;
+        if *listed.0.borrow() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        () = controller => {}
+        () = before_listing => {
+            tracing::debug!("shut down before the first listing: nothing was reconciled yet");
+        }
     }
 }
 

@@ -148,11 +148,10 @@ async fn autoscaling_runner_sets(ctx: Context) -> Result<(), BoxError> {
         .with_metrics(shared.controllers.clone()),
     );
     join_all(scopes.iter().map(|namespace| {
-        let stop = ctx.shutdown.clone();
         autoscaling_runner_set::run(
             Arc::clone(&context),
             namespace.as_deref(),
-            async move { stop.cancelled().await },
+            ctx.shutdown.clone(),
             synced.clone(),
         )
     }))

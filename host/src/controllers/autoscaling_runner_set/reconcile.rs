@@ -14,6 +14,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::actions::{ActionsClient, ActionsError, RunnerScaleSet};
@@ -118,7 +119,7 @@ impl<L: ListenerControl, S: ActionsClientSource> Context<L, S> {
 pub async fn run<L: ListenerControl, S: ActionsClientSource>(
     context: Arc<Context<L, S>>,
     namespace: Option<&str>,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    shutdown: CancellationToken,
     synced: crate::controllers::Synced,
 ) {
     let client = context.client.clone();
@@ -136,23 +137,21 @@ pub async fn run<L: ListenerControl, S: ActionsClientSource>(
         move |delivered| metrics.owned_update(CONTROLLER, delivered),
     );
     let (reader, writer) = reflector::store();
-    let listed = synced
-        .on_listed(
-            watcher::watcher(sets, watcher::Config::default())
-                .default_backoff()
-                .reflect(writer),
-        )
-        .applied_objects();
-    Controller::for_stream(listed, reader)
+    let (events, listed) = synced.on_listed(
+        watcher::watcher(sets, watcher::Config::default())
+            .default_backoff()
+            .reflect(writer),
+    );
+    let controller = Controller::for_stream(events.applied_objects(), reader)
         .owns_stream(owned)
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
             if let Err(error) = result {
                 tracing::warn!(%error, "autoscaling runner set reconcile failed");
             }
-        })
-        .await;
+        });
+    crate::controllers::until_shutdown(controller, &shutdown, listed).await;
 }
 
 fn error_policy<L: ListenerControl, S: ActionsClientSource>(

@@ -354,13 +354,11 @@ pub async fn run(
         rx.recv().await.map(|item| (item, rx))
     });
     let (reader, writer) = reflector::store();
-    let listed = synced
-        .on_listed(
-            watcher::watcher(runners, watcher::Config::default())
-                .default_backoff()
-                .reflect(writer),
-        )
-        .applied_objects();
+    let (events, listed) = synced.on_listed(
+        watcher::watcher(runners, watcher::Config::default())
+            .default_backoff()
+            .reflect(writer),
+    );
     // A runner pod's status moves with every probe and pull; the runner is
     // woken only when what its plan reads of the pod changed (seed 004).
     let metrics = ctx.deps.metrics.clone();
@@ -369,15 +367,15 @@ pub async fn run(
         observe::pod_view,
         move |delivered| metrics.owned_update(CONTROLLER, delivered),
     );
-    Controller::for_stream(listed, reader)
+    let controller = Controller::for_stream(events.applied_objects(), reader)
         .owns_stream(pods)
         .owns(secrets, owned)
         .reconcile_on(woken)
         .with_config(controller::Config::default().concurrency(config.concurrency))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile, error_policy, ctx)
-        .for_each(|_| async {})
-        .await;
+        .for_each(|_| async {});
+    super::until_shutdown(controller, &shutdown, listed).await;
     shutdown.cancel();
     let _ = pool_task.await;
 }

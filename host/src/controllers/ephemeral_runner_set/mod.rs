@@ -112,24 +112,20 @@ pub async fn run(
         None => (Api::all(ctx.client.clone()), Api::all(ctx.client.clone())),
     };
     let (reader, writer) = reflector::store();
-    let own = controller::trigger_self(
-        synced
-            .on_listed(
-                watcher(sets, watcher::Config::default())
-                    .default_backoff()
-                    .reflect(writer),
-            )
-            .applied_objects(),
-        (),
+    let (events, listed) = synced.on_listed(
+        watcher(sets, watcher::Config::default())
+            .default_backoff()
+            .reflect(writer),
     );
+    let own = controller::trigger_self(events.applied_objects(), ());
     let owned = owned_triggers(
         watcher(runners, watcher::Config::default().labels(labels::SET)).default_backoff(),
         ctx.metrics.clone(),
         ctx.controller_metrics.clone(),
     );
-    let queue =
-        futures::stream::select(own.boxed(), owned.boxed()).take_until(shutdown.cancelled_owned());
-    applier(
+    let queue = futures::stream::select(own.boxed(), owned.boxed())
+        .take_until(shutdown.clone().cancelled_owned());
+    let controller = applier(
         |set, ctx| Box::pin(reconcile::reconcile(set, ctx)),
         reconcile::error_policy,
         ctx.clone(),
@@ -141,8 +137,8 @@ pub async fn run(
         if let Err(error) = result {
             tracing::warn!(%error, "ephemeral runner set reconcile failed");
         }
-    })
-    .await;
+    });
+    super::until_shutdown(controller, &shutdown, listed).await;
 }
 
 /// Runner events turned into wake-ups of their sets, with what the filter
