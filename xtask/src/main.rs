@@ -1,5 +1,6 @@
-//! arcwright's entry points: `cargo xtask test`, `cargo xtask bench`,
-//! `cargo xtask crds`, `cargo xtask control-plane`, `cargo xtask setup`.
+//! arcwright's entry points: `cargo xtask demo`, `cargo xtask test`,
+//! `cargo xtask bench` (and `bench scale`), `cargo xtask crds`,
+//! `cargo xtask control-plane`, `cargo xtask setup`.
 //!
 //! These are the commands the README promises. They make sure of what a fresh
 //! machine lacks (the `wasm32-wasip2` target, the locally built control
@@ -23,6 +24,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
+    /// Brings up the whole stack on this machine (control plane, fake
+    /// Actions service, runner simulator, `arcwright run`), runs a burst of
+    /// jobs with a live view, swaps the scaling policy mid-run and sums up.
+    ///
+    /// Its flags (`--jobs`, `--max-runners`, `--job-ms`, `--keep`,
+    /// `--non-interactive`) go to the demo; `cargo xtask demo --help` lists
+    /// them.
+    #[command(disable_help_flag = true)]
+    Demo {
+        /// The demo's flags.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Runs every test the project has: unit, policy (through wasmtime),
     /// integration against a real kube-apiserver, end-to-end.
     ///
@@ -34,6 +48,11 @@ enum Task {
     },
     /// Runs the benchmarks (criterion) and prints their tables: policy
     /// decision latency beside the empty-component floor and native Rust.
+    ///
+    /// `cargo xtask bench scale --jobs N --max-runners M [--job-ms MS]
+    /// [--seed S]` runs the scale benchmark instead: N jobs through one
+    /// scale set against the release build of `arcwright run`, one line of
+    /// figures (`bench scale --help` for its flags).
     Bench {
         /// Extra arguments for `cargo bench` (e.g. a benchmark filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -66,6 +85,19 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Task::Demo { args } => {
+            setup()?;
+            // The debug build: `cargo xtask test` keeps it warm, and the
+            // demo shows behaviour, not speed.
+            cargo(&build_host(false))?;
+            run_stack_binary("demo", false, args)
+        }
+        Task::Bench { args } if args.first().map(String::as_str) == Some("scale") => {
+            setup()?;
+            // Figures are only worth reporting from an optimised host.
+            cargo(&build_host(true))?;
+            run_stack_binary("bench-scale", true, args.into_iter().skip(1).collect())
+        }
         Task::Test { args } => {
             setup()?;
             cargo(&test_command(args))
@@ -117,6 +149,37 @@ fn run(cli: Cli) -> Result<()> {
         }
         Task::Setup => setup(),
     }
+}
+
+/// `cargo build [--release] -p arcwright --bin arcwright`: the binary the
+/// stack runs as a separate process, built before the stack's own binary
+/// runs (which finds it beside itself in `target/<profile>/`).
+fn build_host(release: bool) -> Vec<String> {
+    let mut command = vec!["build".to_owned()];
+    if release {
+        command.push("--release".to_owned());
+    }
+    command.extend(["-p", "arcwright", "--bin", "arcwright"].map(str::to_owned));
+    command
+}
+
+/// Runs one of the stack's binaries through `cargo run`, with SIGINT
+/// ignored here meanwhile: Ctrl-C reaches the whole foreground process
+/// group, and the stack's binary handles it by stopping everything it
+/// started; xtask waits for that and passes its exit status on, rather
+/// than returning the prompt while the clean-up is still printing.
+fn run_stack_binary(bin: &str, release: bool, args: Vec<String>) -> Result<()> {
+    let mut command = vec!["run".to_owned(), "-q".to_owned()];
+    if release {
+        command.push("--release".to_owned());
+    }
+    command.extend(["-p", "arcwright-stack", "--bin", bin, "--"].map(str::to_owned));
+    command.extend(args);
+    // SAFETY: installs the default "ignore" disposition; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+    }
+    cargo(&command)
 }
 
 /// The `cargo test` arguments for `cargo xtask test ARGS`.

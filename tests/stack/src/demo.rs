@@ -1,1 +1,517 @@
-//! `cargo xtask demo`.
+//! `cargo xtask demo`: arcwright doing its whole job on one machine, in
+//! front of the person who ran it.
+//!
+//! The demo brings up the stack (its own control plane, with an audit log
+//! so the host's API server requests can be counted), creates a scale set
+//! whose scaling policy is a module in a ConfigMap (the bundled `default`,
+//! ARC's formula), enqueues a burst of jobs and shows, live:
+//!
+//! - jobs queued / running / done (the fake Actions service's view);
+//! - runners desired (the policy's last decision) / pending / running (with
+//!   a job) / idle (the cluster's EphemeralRunners);
+//! - the policy and the reason it gave, from the scale set's
+//!   `status.scaling`.
+//!
+//! Half-way through the burst it replaces the module in the ConfigMap with
+//! the bundled `cooldown` policy, live, without touching the scale set or
+//! the host: from then on the set no longer shrinks as the queue drains
+//! (cooldown holds the peak for `scaleDownAfterSeconds`, 300 by default),
+//! and the reason line says so. The run ends with a summary: jobs done,
+//! p50/p95 wait (job available to job started), Actions calls per job, API
+//! server requests per job.
+//!
+//! Output is progress bars on a terminal and plain log lines otherwise
+//! (CI, a pipe, `--non-interactive`). Ctrl-C at any point stops everything
+//! the demo started: the host, the fake, the simulator and the control
+//! plane go with the stack when it is dropped, and the child processes are
+//! also tied to the demo's life by the kernel (`PR_SET_PDEATHSIG`).
+
+use std::fmt;
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use arcwright::api::{EphemeralRunner, EphemeralRunnerPhase};
+use arcwright::policy::PolicyKind;
+use fake_actions::{FakeConfig, JobPhase, JobSnapshot};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kube::api::ListParams;
+
+use crate::stats::{intervals, percentile};
+use crate::timeline::Recorder;
+use crate::{ScaleSet, Stack, StackConfig};
+
+/// The scale set's name and the jobs' label.
+const SET: &str = "demo";
+/// The ConfigMap holding the scaling policy.
+const POLICY_CONFIG_MAP: &str = "scaling-policy";
+
+/// How the demo runs.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Jobs in the burst.
+    pub jobs: u32,
+    /// The scale set's `maxRunners`.
+    pub max_runners: u32,
+    /// How long each job runs.
+    pub job_ms: u64,
+    /// Keep everything up after the summary, until Ctrl-C.
+    pub keep: bool,
+    /// Plain log lines instead of progress bars.
+    pub plain: bool,
+}
+
+impl DemoOptions {
+    /// Plain output unless stdout is a terminal.
+    pub fn plain_unless_terminal() -> bool {
+        !std::io::stdout().is_terminal()
+    }
+}
+
+/// One moment of the run, as the view shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct View {
+    /// Jobs not started yet.
+    pub queued: usize,
+    /// Jobs running.
+    pub running: usize,
+    /// Jobs finished.
+    pub done: usize,
+    /// The policy's last decision.
+    pub desired: i32,
+    /// Runners whose pod is not running yet.
+    pub pending: usize,
+    /// Runners running a job.
+    pub busy: usize,
+    /// Runners running without a job.
+    pub idle: usize,
+    /// The policy that decided, and why.
+    pub policy: String,
+    /// The reason it gave.
+    pub reason: String,
+}
+
+impl View {
+    /// Counts jobs by phase and runners by state.
+    pub fn from_parts(jobs: &[JobSnapshot], runners: &[EphemeralRunner]) -> View {
+        let mut view = View::default();
+        for job in jobs {
+            match job.phase {
+                JobPhase::Running => view.running += 1,
+                JobPhase::Finished => view.done += 1,
+                _ => view.queued += 1,
+            }
+        }
+        for runner in runners
+            .iter()
+            .filter(|r| r.metadata.deletion_timestamp.is_none())
+        {
+            let status = runner.status.clone().unwrap_or_default();
+            match status.phase {
+                Some(EphemeralRunnerPhase::Running) if status.job_request_id != 0 => view.busy += 1,
+                Some(EphemeralRunnerPhase::Running) => view.idle += 1,
+                None | Some(EphemeralRunnerPhase::Pending) => view.pending += 1,
+                // Finished, held or outdated runners are on their way out.
+                Some(_) => {}
+            }
+        }
+        view
+    }
+
+    /// The view as one plain log line.
+    pub fn line(&self) -> String {
+        format!(
+            "jobs queued={} running={} done={} | runners desired={} pending={} running={} idle={} | {}: {}",
+            self.queued,
+            self.running,
+            self.done,
+            self.desired,
+            self.pending,
+            self.busy,
+            self.idle,
+            self.policy,
+            self.reason
+        )
+    }
+}
+
+/// What the demo reports at the end.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// Jobs that finished.
+    pub jobs_done: u64,
+    /// Wait from available to started, 50th percentile.
+    pub p50_wait: Duration,
+    /// The same, 95th percentile.
+    pub p95_wait: Duration,
+    /// Host calls to the Actions service and GitHub API.
+    pub actions_calls: u64,
+    /// Host requests to the API server.
+    pub apiserver_requests: u64,
+    /// The reason of the last decision before the swap.
+    pub reason_before_swap: String,
+    /// The reason of the last decision seen.
+    pub reason_after_swap: String,
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let jobs = self.jobs_done.max(1) as f64;
+        writeln!(f, "summary: jobs done: {}", self.jobs_done)?;
+        writeln!(
+            f,
+            "summary: wait from job available to job started: p50 {} ms, p95 {} ms",
+            self.p50_wait.as_millis(),
+            self.p95_wait.as_millis()
+        )?;
+        writeln!(
+            f,
+            "summary: Actions calls per job: {:.2}",
+            self.actions_calls as f64 / jobs
+        )?;
+        writeln!(
+            f,
+            "summary: API server requests per job: {:.2}",
+            self.apiserver_requests as f64 / jobs
+        )?;
+        writeln!(
+            f,
+            "summary: policy before the swap: {}",
+            self.reason_before_swap
+        )?;
+        write!(
+            f,
+            "summary: policy after the swap: {}",
+            self.reason_after_swap
+        )
+    }
+}
+
+/// Where the view goes.
+enum Display {
+    Bars {
+        multi: MultiProgress,
+        jobs: ProgressBar,
+        runners: ProgressBar,
+        policy: ProgressBar,
+    },
+    Plain {
+        last: Option<String>,
+        printed: Instant,
+    },
+}
+
+impl Display {
+    fn new(plain: bool, jobs: u32, max_runners: u32) -> Display {
+        if plain {
+            return Display::Plain {
+                last: None,
+                printed: Instant::now(),
+            };
+        }
+        let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stdout());
+        let bar = |len: u32, template: &str| {
+            let bar = multi.add(ProgressBar::new(u64::from(len)));
+            bar.set_style(
+                ProgressStyle::with_template(template)
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            );
+            bar
+        };
+        let jobs = bar(
+            jobs,
+            "jobs    [{bar:40.green/white}] {pos:>5}/{len:<5} done  {msg}",
+        );
+        let runners = bar(
+            max_runners,
+            "runners [{bar:40.cyan/white}] {pos:>5}/{len:<5} alive {msg}",
+        );
+        let policy = multi.add(ProgressBar::new_spinner());
+        policy.set_style(
+            ProgressStyle::with_template("policy  {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        Display::Bars {
+            multi,
+            jobs,
+            runners,
+            policy,
+        }
+    }
+
+    fn show(&mut self, view: &View) {
+        match self {
+            Display::Bars {
+                jobs,
+                runners,
+                policy,
+                ..
+            } => {
+                jobs.set_position(view.done as u64);
+                jobs.set_message(format!("queued {} running {}", view.queued, view.running));
+                runners.set_position((view.pending + view.busy + view.idle) as u64);
+                runners.set_message(format!(
+                    "desired {} pending {} running {} idle {}",
+                    view.desired, view.pending, view.busy, view.idle
+                ));
+                policy.set_message(format!("{}: {}", view.policy, view.reason));
+            }
+            Display::Plain { last, printed } => {
+                let line = view.line();
+                // A line when something changed, at most every second.
+                if last.as_deref() != Some(line.as_str())
+                    && (last.is_none() || printed.elapsed() >= Duration::from_secs(1))
+                {
+                    println!("{line}");
+                    *last = Some(line);
+                    *printed = Instant::now();
+                }
+            }
+        }
+    }
+
+    fn say(&self, message: &str) {
+        match self {
+            Display::Bars { multi, .. } => {
+                let _ = multi.println(message);
+            }
+            Display::Plain { .. } => println!("{message}"),
+        }
+    }
+
+    fn finish(&self) {
+        if let Display::Bars {
+            jobs,
+            runners,
+            policy,
+            ..
+        } = self
+        {
+            jobs.finish();
+            runners.finish();
+            policy.finish();
+        }
+    }
+}
+
+/// Runs the demo; prints as it goes and returns the summary (printed too).
+pub async fn run(options: &DemoOptions) -> Result<Summary> {
+    let DemoOptions {
+        jobs,
+        max_runners,
+        job_ms,
+        keep,
+        plain,
+    } = options.clone();
+    println!(
+        "arcwright demo: {jobs} jobs of {job_ms} ms, at most {max_runners} runners; starting the control plane, the fake Actions service, the runner simulator and `arcwright run`"
+    );
+    let mut config = StackConfig::new("demo");
+    config.audit = true;
+    config.fake = FakeConfig {
+        assignment_timeout: Duration::from_secs(3600),
+        ..FakeConfig::default()
+    };
+    let stack = Stack::start(config).await?;
+    let host = stack.host().context("the host runs")?;
+    println!(
+        "processes: arcwright={} {}",
+        host.pid(),
+        stack.control_plane_pids()
+    );
+
+    stack
+        .put_policy(POLICY_CONFIG_MAP, bundled("default")?)
+        .await?;
+    let max = i32::try_from(max_runners).context("--max-runners is too large")?;
+    stack
+        .create_scale_set(&ScaleSet::new(SET, 0, max).with_policy_config_map(POLICY_CONFIG_MAP))
+        .await?;
+    stack.listening(SET).await?;
+    println!(
+        "scale set {SET} listening in namespace {}, scaling policy from ConfigMap {POLICY_CONFIG_MAP} (bundled `default`: ARC's formula)",
+        stack.namespace()
+    );
+
+    let recorder = Recorder::start(stack.fake().control(), stack.client(), stack.namespace());
+    let calls_before = stack.host_actions_calls();
+    let window_start = jiff::Timestamp::now();
+    let mut display = Display::new(plain, jobs, max_runners);
+    let ids = stack.enqueue(SET, jobs, Duration::from_millis(job_ms));
+    recorder.enqueued(&ids, Instant::now());
+    display.say(&format!("enqueued {jobs} jobs"));
+
+    let total = ids.len();
+    let mut swapped = false;
+    let mut reason_before_swap = String::new();
+    let mut view = View::default();
+    loop {
+        view = observe(&stack).await.unwrap_or(view);
+        display.show(&view);
+        if !swapped && view.done * 2 >= total {
+            reason_before_swap = format!("{}: {}", view.policy, view.reason);
+            stack
+                .put_policy(POLICY_CONFIG_MAP, bundled("cooldown")?)
+                .await?;
+            swapped = true;
+            display.say(
+                "swapped the scaling policy: ConfigMap scaling-policy now holds the bundled `cooldown` (scale down only after 300 s); the host and the scale set are untouched",
+            );
+        }
+        if view.done >= total {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // The swapped policy decides on the next message; show its reason.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while is_formula(&view.reason) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        view = observe(&stack).await.unwrap_or(view);
+        display.show(&view);
+    }
+    display.finish();
+
+    let calls = stack.host_actions_calls() - calls_before;
+    let requests = stack
+        .host_apiserver_requests(window_start, jiff::Timestamp::now())
+        .unwrap_or_default();
+    let timeline = recorder.timeline();
+    let waits = intervals(&timeline.enqueued, &timeline.started);
+    let summary = Summary {
+        jobs_done: view.done as u64,
+        p50_wait: percentile(&waits, 50).unwrap_or_default(),
+        p95_wait: percentile(&waits, 95).unwrap_or_default(),
+        actions_calls: calls,
+        apiserver_requests: requests.total,
+        reason_before_swap,
+        reason_after_swap: format!("{}: {}", view.policy, view.reason),
+    };
+    println!("{summary}");
+
+    if keep {
+        println!(
+            "everything stays up until Ctrl-C; try:\n  export KUBECONFIG={}\n  kubectl -n {} get autoscalingrunnersets,ephemeralrunnersets,ephemeralrunners,pods\n  curl {}/metrics",
+            stack.kubeconfig_path().display(),
+            stack.namespace(),
+            host.base()
+        );
+        tokio::signal::ctrl_c().await.ok();
+    }
+    Ok(summary)
+}
+
+/// The view now: the fake's jobs, the cluster's runners, the scale set's
+/// last decision.
+async fn observe(stack: &Stack) -> Option<View> {
+    let jobs = stack.fake().control().jobs();
+    let runners = stack.runners().list(&ListParams::default()).await.ok()?;
+    let mut view = View::from_parts(&jobs, &runners.items);
+    let set = stack.scale_sets().get_opt(SET).await.ok()??;
+    if let Some(scaling) = set.status.and_then(|s| s.scaling) {
+        view.desired = scaling.desired_runners;
+        view.policy = scaling.policy;
+        view.reason = scaling.reason;
+    }
+    Some(view)
+}
+
+/// Whether a reason is the `default` policy's (ARC's formula, which starts
+/// with its first term) rather than `cooldown`'s, which starts with what it
+/// does: "holding 3: ...", "scaling up at once: ...".
+pub fn is_formula(reason: &str) -> bool {
+    reason.starts_with("minRunners")
+}
+
+fn bundled(name: &str) -> Result<&'static [u8]> {
+    Ok(arcwright::policy::bundled::find(PolicyKind::Scaling, name)
+        .with_context(|| format!("the bundled scaling policy {name}"))?
+        .wasm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(phase: JobPhase) -> JobSnapshot {
+        JobSnapshot {
+            id: 1,
+            labels: vec![],
+            phase,
+            scale_set_id: Some(1),
+            runner_id: None,
+            result: None,
+            requeues: 0,
+        }
+    }
+
+    fn runner(phase: Option<EphemeralRunnerPhase>, job: i64, deleting: bool) -> EphemeralRunner {
+        let mut runner: EphemeralRunner = serde_json::from_value(serde_json::json!({
+            "apiVersion": "arcwright.dev/v1alpha1", "kind": "EphemeralRunner",
+            "metadata": {"name": "r"},
+            "spec": {"githubConfigUrl": "u", "githubConfigSecret": "s", "runnerScaleSetId": 1,
+                     "spec": {"containers": []}},
+        }))
+        .unwrap();
+        let mut status = runner.status.clone().unwrap_or_default();
+        status.phase = phase;
+        status.job_request_id = job;
+        runner.status = Some(status);
+        if deleting {
+            runner.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::now(),
+                ));
+        }
+        runner
+    }
+
+    #[test]
+    fn the_view_counts_jobs_by_phase_and_runners_by_state() {
+        use EphemeralRunnerPhase::*;
+        let jobs = [
+            job(JobPhase::Available),
+            job(JobPhase::Acquired),
+            job(JobPhase::Running),
+            job(JobPhase::Finished),
+            job(JobPhase::Finished),
+        ];
+        let runners = [
+            runner(None, 0, false),
+            runner(Some(Pending), 0, false),
+            runner(Some(Running), 7, false),
+            runner(Some(Running), 0, false),
+            runner(Some(Succeeded), 7, false),
+            runner(Some(Running), 0, true),
+        ];
+        let view = View::from_parts(&jobs, &runners);
+        assert_eq!(
+            (view.queued, view.running, view.done),
+            (2, 1, 2),
+            "{view:?}"
+        );
+        assert_eq!((view.pending, view.busy, view.idle), (2, 1, 1), "{view:?}");
+        assert!(view.line().starts_with(
+            "jobs queued=2 running=1 done=2 | runners desired=0 pending=2 running=1 idle=1"
+        ));
+    }
+
+    #[test]
+    fn the_summary_reports_per_job_figures() {
+        let summary = Summary {
+            jobs_done: 10,
+            p50_wait: Duration::from_millis(1200),
+            p95_wait: Duration::from_millis(2500),
+            actions_calls: 12,
+            apiserver_requests: 75,
+            reason_before_swap: "a".into(),
+            reason_after_swap: "b".into(),
+        };
+        let text = summary.to_string();
+        assert!(text.contains("jobs done: 10"), "{text}");
+        assert!(text.contains("p50 1200 ms, p95 2500 ms"), "{text}");
+        assert!(text.contains("Actions calls per job: 1.20"), "{text}");
+        assert!(text.contains("API server requests per job: 7.50"), "{text}");
+    }
+}

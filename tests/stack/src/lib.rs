@@ -314,6 +314,17 @@ impl Stack {
         self.plane.get().kubeconfig_path()
     }
 
+    /// The control plane's process ids, as `kube-apiserver=PID etcd=PID`.
+    pub fn control_plane_pids(&self) -> String {
+        let pids = self.plane.get().pids();
+        ["kube-apiserver", "etcd"]
+            .iter()
+            .zip(pids)
+            .map(|(name, pid)| format!("{name}={pid}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
     /// The fake Actions service.
     pub fn fake(&self) -> &FakeActions {
         &self.fake
