@@ -7,8 +7,9 @@
 //! the EphemeralRunnerSet that does not hold, fails here.
 
 mod common;
+mod helm;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +23,8 @@ use arcwright_harness::TestEnv;
 use clap::Parser;
 use fake_actions::{Endpoint, FakeActions, FakeConfig, JobSpec, Ledger};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use runner_simulator::{Simulator, SimulatorConfig};
@@ -53,6 +55,8 @@ struct World {
     base: String,
     /// Whether hosts campaign for leadership.
     elect: bool,
+    /// The client hosts use, when not the test's own (an administrator).
+    host_client: Option<kube::Client>,
 }
 
 /// A host started beside the world's own.
@@ -68,6 +72,14 @@ impl World {
     }
 
     async fn with_election(name: &str, elect: bool) -> Self {
+        let mut world = Self::unstarted(name, elect).await;
+        world.start_host().await;
+        world
+    }
+
+    /// The world without its host, for a test that prepares the cluster
+    /// first.
+    async fn unstarted(name: &str, elect: bool) -> Self {
         let env = TestEnv::new(name).await;
         common::install_crds(env.client()).await;
         let fake = FakeActions::start(FakeConfig::default()).await.unwrap();
@@ -78,7 +90,7 @@ impl World {
             SimulatorConfig::namespaced(env.namespace()),
         )
         .unwrap();
-        let mut world = World {
+        World {
             env,
             fake,
             _sim: sim,
@@ -86,9 +98,8 @@ impl World {
             host: None,
             base: String::new(),
             elect,
-        };
-        world.start_host().await;
-        world
+            host_client: None,
+        }
     }
 
     /// Starts the host as `arcwright run --namespace <ns>` would, with an
@@ -111,7 +122,11 @@ impl World {
             "127.0.0.1:0",
         ])
         .options;
-        let mut shared = Shared::new(self.env.client(), &options).unwrap();
+        let client = self
+            .host_client
+            .clone()
+            .unwrap_or_else(|| self.env.client());
+        let mut shared = Shared::new(client.clone(), &options).unwrap();
         let fast = ClientOptions {
             timeout: Duration::from_secs(5),
             retry: RetryPolicy {
@@ -122,7 +137,7 @@ impl World {
             },
             ..ClientOptions::default()
         };
-        shared.clients = ActionsClients::new(self.env.client(), fast.clone());
+        shared.clients = ActionsClients::new(client, fast.clone());
         shared.actions = fast;
         let election = elect.then(|| Election {
             namespace: self.env.namespace().to_string(),
@@ -187,6 +202,11 @@ impl World {
     }
 
     async fn create_set(&self, min: i32, max: i32) {
+        self.create_set_with(min, max, json!(null)).await;
+    }
+
+    /// A scale set whose scaling policy is `scaling` (`null` for none).
+    async fn create_set_with(&self, min: i32, max: i32, scaling: serde_json::Value) {
         let set: AutoscalingRunnerSet = serde_json::from_value(json!({
             "apiVersion": "arcwright.dev/v1alpha1",
             "kind": "AutoscalingRunnerSet",
@@ -196,6 +216,7 @@ impl World {
                 "githubConfigSecret": "github-auth",
                 "minRunners": min,
                 "maxRunners": max,
+                "scalingPolicy": scaling,
                 "template": {"spec": {
                     "restartPolicy": "Never",
                     "containers": [{"name": "runner", "image": "ghcr.io/actions/actions-runner:2.330.0"}],
@@ -556,4 +577,338 @@ async fn only_the_leader_listens_and_a_standby_takes_over_when_it_leaves() {
         .expect("the standby shuts down")
         .unwrap()
         .expect("cleanly");
+}
+
+/// One API call as RBAC sees it: API group, resource (with its
+/// subresource), verb.
+type Call = (String, String, String);
+
+/// What RBAC checks of a request: `None` for what it does not (discovery,
+/// `/version`).
+fn rbac_call(method: &http::Method, uri: &http::Uri) -> Option<Call> {
+    let segments: Vec<&str> = uri.path().trim_matches('/').split('/').collect();
+    let (group, rest) = match segments.as_slice() {
+        ["api", _version, rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => return None,
+    };
+    let rest = match rest {
+        ["namespaces", _namespace, inner @ ..] if !inner.is_empty() => inner,
+        other => other,
+    };
+    let (resource, name, subresource) = match rest {
+        [resource] => (*resource, None, None),
+        [resource, name] => (*resource, Some(*name), None),
+        [resource, name, subresource] => (*resource, Some(*name), Some(*subresource)),
+        _ => return None,
+    };
+    let watching = uri.query().is_some_and(|q| {
+        q.split('&')
+            .any(|pair| pair == "watch=true" || pair == "watch=1")
+    });
+    let verb = match (method.as_str(), name) {
+        ("GET", _) if watching => "watch",
+        ("GET", Some(_)) => "get",
+        ("GET", None) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", Some(_)) => "delete",
+        ("DELETE", None) => "deletecollection",
+        _ => return None,
+    };
+    let resource = match subresource {
+        Some(sub) => format!("{resource}/{sub}"),
+        None => resource.to_owned(),
+    };
+    Some((group.to_owned(), resource, verb.to_owned()))
+}
+
+#[test]
+fn requests_are_read_as_rbac_reads_them() {
+    let cases = [
+        (
+            "GET",
+            "/api/v1/namespaces/ci/pods?watch=true&resourceVersion=5",
+            ("", "pods", "watch"),
+        ),
+        (
+            "GET",
+            "/api/v1/namespaces/ci/pods?labelSelector=a",
+            ("", "pods", "list"),
+        ),
+        ("GET", "/api/v1/pods", ("", "pods", "list")),
+        (
+            "GET",
+            "/api/v1/namespaces/ci/secrets/github-auth",
+            ("", "secrets", "get"),
+        ),
+        ("POST", "/api/v1/namespaces/ci/pods", ("", "pods", "create")),
+        (
+            "DELETE",
+            "/api/v1/namespaces/ci/pods/r-1",
+            ("", "pods", "delete"),
+        ),
+        (
+            "PATCH",
+            "/apis/arcwright.dev/v1alpha1/namespaces/ci/ephemeralrunners/r-1/status",
+            ("arcwright.dev", "ephemeralrunners/status", "patch"),
+        ),
+        (
+            "PUT",
+            "/apis/coordination.k8s.io/v1/namespaces/ci/leases/arcwright-controller",
+            ("coordination.k8s.io", "leases", "update"),
+        ),
+        (
+            "POST",
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            ("authentication.k8s.io", "tokenreviews", "create"),
+        ),
+        ("GET", "/api/v1/namespaces/ci", ("", "namespaces", "get")),
+    ];
+    for (method, uri, (group, resource, verb)) in cases {
+        let call = rbac_call(&method.parse().unwrap(), &uri.parse().unwrap());
+        assert_eq!(
+            call,
+            Some((group.into(), resource.into(), verb.into())),
+            "{method} {uri}"
+        );
+    }
+    assert_eq!(
+        rbac_call(&http::Method::GET, &"/version".parse().unwrap()),
+        None
+    );
+    assert_eq!(
+        rbac_call(&http::Method::GET, &"/apis".parse().unwrap()),
+        None
+    );
+}
+
+/// A client of the test's API server acting as `user` in `groups` (the
+/// administrator may impersonate), recording every call it makes.
+async fn impersonating(
+    env: &TestEnv,
+    user: &str,
+    groups: Vec<String>,
+) -> (kube::Client, Arc<Mutex<BTreeSet<Call>>>) {
+    let kubeconfig =
+        kube::config::Kubeconfig::read_from(env.control_plane().kubeconfig_path()).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    config.auth_info.impersonate = Some(user.to_owned());
+    config.auth_info.impersonate_groups = Some(groups);
+    let calls = Arc::new(Mutex::new(BTreeSet::new()));
+    let record = Arc::clone(&calls);
+    let layer =
+        tower::util::MapRequestLayer::new(move |request: http::Request<kube::client::Body>| {
+            if let Some(call) = rbac_call(request.method(), request.uri()) {
+                record.lock().unwrap().insert(call);
+            }
+            request
+        });
+    let client = kube::client::ClientBuilder::try_from(config)
+        .unwrap()
+        .with_layer(&layer)
+        .build();
+    (client, calls)
+}
+
+/// Every `(group, resource, verb)` the chart's rules grant, by scope.
+fn granted() -> BTreeMap<String, BTreeSet<Call>> {
+    let rules = helm::rules_file();
+    let mut granted = BTreeMap::new();
+    for (scope, list) in rules.as_object().unwrap() {
+        let calls: &mut BTreeSet<Call> = granted.entry(scope.clone()).or_default();
+        for rule in list.as_array().unwrap() {
+            let strings = |key: &str| -> Vec<String> {
+                rule[key]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_str().unwrap().to_owned())
+                    .collect()
+            };
+            for group in strings("apiGroups") {
+                for resource in strings("resources") {
+                    for verb in strings("verbs") {
+                        calls.insert((group.clone(), resource.clone(), verb));
+                    }
+                }
+            }
+        }
+    }
+    granted
+}
+
+/// Granted, and needed, but not called in the scenario below; each says
+/// why. Anything else granted and never called fails the test: the rules
+/// stay exactly what the code calls.
+const GRANTED_NOT_CALLED: &[(&str, &str, &str, &str)] = &[
+    (
+        "arcwright.dev",
+        "ephemeralrunnersets",
+        "create",
+        "server-side apply creates a runner set with a PATCH, which the API server \
+         authorises as create as well",
+    ),
+    (
+        "arcwright.dev",
+        "autoscalingrunnersets/finalizers",
+        "update",
+        FINALIZERS,
+    ),
+    (
+        "arcwright.dev",
+        "ephemeralrunnersets/finalizers",
+        "update",
+        FINALIZERS,
+    ),
+    (
+        "arcwright.dev",
+        "ephemeralrunners/finalizers",
+        "update",
+        FINALIZERS,
+    ),
+];
+
+/// Why the finalizers subresources are granted though never called.
+const FINALIZERS: &str = "an owner reference with blockOwnerDeletion needs it where the \
+    OwnerReferencesPermissionEnforcement admission plugin runs; the test API server does not";
+
+/// The host runs as the chart's ServiceAccount with RBAC enforced, through
+/// a burst with a ConfigMap policy, leader election, the hold API and the
+/// scale set's deletion: the chart's rules are enough, and every rule they
+/// grant was used.
+#[tokio::test]
+async fn the_charts_rbac_is_enough_and_every_rule_it_grants_is_used() {
+    let mut world = World::unstarted("scale-set-rbac", true).await;
+    let ns = world.env.namespace().to_owned();
+    let release = format!("rbac-{}", &ns[ns.len().saturating_sub(5)..]);
+    helm::install(
+        &world.env,
+        &release,
+        &helm::controller_chart(),
+        &["--set", &format!("watchNamespaces={{{ns}}}")],
+    );
+    let account = format!("{release}-arcwright");
+    let (client, calls) = impersonating(
+        &world.env,
+        &format!("system:serviceaccount:{ns}:{account}"),
+        vec![
+            "system:serviceaccounts".into(),
+            format!("system:serviceaccounts:{ns}"),
+            "system:authenticated".into(),
+        ],
+    )
+    .await;
+    world.host_client = Some(client);
+    world.start_host().await;
+    world.ready().await;
+
+    // A scaling policy in a ConfigMap, so its watch runs.
+    let policies: Api<ConfigMap> = Api::namespaced(world.env.client(), &ns);
+    let wasm = arcwright::policy::bundled::find(arcwright::policy::PolicyKind::Scaling, "buffered")
+        .unwrap()
+        .wasm;
+    policies
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "scaling"},
+                "binaryData": {"policy.wasm": k8s_openapi::ByteString(wasm.to_vec())},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    world
+        .create_set_with(
+            0,
+            3,
+            json!({"configMapRef": {"name": "scaling"}, "settings": {"idle": 0}}),
+        )
+        .await;
+    world.listening().await;
+    world.run_jobs(4, Duration::from_millis(300)).await;
+    world.settled_at(0).await;
+
+    // The hold API, called by someone with a token: reviewed, then refused.
+    let token = service_account_token(&world, "someone").await;
+    let hold = reqwest::Client::new()
+        .post(format!(
+            "{}/api/v1/namespaces/{ns}/ephemeralrunners/absent/hold",
+            world.base
+        ))
+        .bearer_auth(token)
+        .json(&json!({"duration": "10m"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hold.status(), 403, "{:?}", hold.text().await);
+
+    world
+        .sets()
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+    world
+        .until("the scale set is gone", || async {
+            world
+                .sets()
+                .get_opt(NAME)
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    world.stop_host().await;
+    assert_nothing_leaked(&world.ledger(), 0);
+
+    let called = calls.lock().unwrap().clone();
+    let granted = granted();
+    let all: BTreeSet<&Call> = granted.values().flatten().collect();
+    let refused: Vec<&Call> = called.iter().filter(|c| !all.contains(c)).collect();
+    assert!(
+        refused.is_empty(),
+        "calls the rules do not grant (RBAC let them through some other rule?): {refused:?}"
+    );
+    let allowed: BTreeSet<Call> = GRANTED_NOT_CALLED
+        .iter()
+        .map(|(g, r, v, _)| (g.to_string(), r.to_string(), v.to_string()))
+        .collect();
+    let unused: Vec<&&Call> = all
+        .iter()
+        .filter(|c| !called.contains(**c) && !allowed.contains(**c))
+        .collect();
+    assert!(
+        unused.is_empty(),
+        "granted but never called (trim charts/arcwright/rbac/rules.yaml, or list why in \
+         GRANTED_NOT_CALLED): {unused:?}\ncalled: {called:?}"
+    );
+    let stale: Vec<&Call> = allowed.iter().filter(|c| called.contains(*c)).collect();
+    assert!(stale.is_empty(), "called after all: {stale:?}");
+}
+
+/// A ServiceAccount with no permissions and a token for it.
+async fn service_account_token(world: &World, name: &str) -> String {
+    let accounts: Api<ServiceAccount> = Api::namespaced(world.env.client(), world.env.namespace());
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let request = json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 600},
+    });
+    let issued: TokenRequest = accounts
+        .create_subresource("token", name, &PostParams::default(), &request)
+        .await
+        .unwrap();
+    issued.status.unwrap().token.expect("a token was issued")
 }
