@@ -16,9 +16,16 @@ use tokio::sync::mpsc;
 /// The binary, started with `args`, its stderr read line by line into the
 /// returned channel (and so never left to fill its pipe).
 fn start(args: &[&str]) -> (Child, mpsc::UnboundedReceiver<String>) {
+    start_as("arcwright-test", args)
+}
+
+/// [`start`] as the pod named `hostname` (what the host names its message
+/// sessions and its Lease identity after).
+fn start_as(hostname: &str, args: &[&str]) -> (Child, mpsc::UnboundedReceiver<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_arcwright"))
         .arg("run")
         .args(args)
+        .env("HOSTNAME", hostname)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -26,10 +33,11 @@ fn start(args: &[&str]) -> (Child, mpsc::UnboundedReceiver<String>) {
         .spawn()
         .expect("the arcwright binary starts");
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let child_name = hostname.to_owned();
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         while let Ok(Some(line)) = lines.next_line().await {
-            eprintln!("arcwright: {line}");
+            eprintln!("arcwright[{}]: {line}", child_name);
             if tx.send(line).is_err() {
                 break;
             }
@@ -367,5 +375,146 @@ async fn run_refuses_a_kubeconfig_it_cannot_read() {
             missing.display()
         )),
         "{stderr}"
+    );
+}
+
+/// Two replicas with `--leader-elect`: the leader is killed (SIGKILL, no
+/// clean-up) in the middle of a burst, the standby takes the Lease once it
+/// runs out, listens as soon as the service let the dead leader's session go,
+/// and every job completes with nothing leaked.
+#[tokio::test]
+async fn a_standby_takes_over_from_a_killed_leader() {
+    use fake_actions::{Endpoint, FakeActions, FakeConfig, JobPhase, JobSpec};
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Api, PostParams};
+
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let env = TestEnv::new("crashed-leader").await;
+    common::install_crds(env.client()).await;
+    let ns = env.namespace().to_owned();
+    let fake = FakeActions::start(FakeConfig::default()).await.unwrap();
+    common::github_secret(env.client(), &ns, fake.pat()).await;
+    let _sim = runner_simulator::Simulator::start(
+        env.client(),
+        fake.url(),
+        runner_simulator::SimulatorConfig::namespaced(&ns),
+    )
+    .unwrap();
+    let kubeconfig = env
+        .control_plane()
+        .kubeconfig_path()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let args = [
+        "--kubeconfig",
+        &kubeconfig,
+        "--namespace",
+        &ns,
+        "--listen-address",
+        "127.0.0.1:0",
+        "--leader-elect",
+        "--leader-election-namespace",
+        &ns,
+        "--lease-duration",
+        "3s",
+    ];
+    let leases: Api<Lease> = Api::namespaced(env.client(), &ns);
+    let holder = || async {
+        leases
+            .get_opt("arcwright-controller")
+            .await
+            .unwrap()
+            .and_then(|lease| lease.spec?.holder_identity)
+            .unwrap_or_default()
+    };
+    let until = |what: &'static str| {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        move || assert!(tokio::time::Instant::now() < deadline, "never: {what}")
+    };
+
+    let (mut leader, _leader_lines) = start_as("host-a", &args);
+    let in_time = until("host-a leads");
+    while !holder().await.starts_with("host-a-") {
+        in_time();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_standby, _standby_lines) = start_as("host-b", &args);
+
+    let set: arcwright::api::AutoscalingRunnerSet = serde_json::from_value(serde_json::json!({
+        "apiVersion": "arcwright.dev/v1alpha1",
+        "kind": "AutoscalingRunnerSet",
+        "metadata": {"name": "linux"},
+        "spec": {
+            "githubConfigUrl": fake.org_url("octo"),
+            "githubConfigSecret": "github-auth",
+            "minRunners": 0,
+            "maxRunners": 3,
+            "template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "runner", "image": "ghcr.io/actions/actions-runner:2.330.0"}],
+            }},
+        },
+    }))
+    .unwrap();
+    Api::<arcwright::api::AutoscalingRunnerSet>::namespaced(env.client(), &ns)
+        .create(&PostParams::default(), &set)
+        .await
+        .unwrap();
+    let control = fake.control();
+    control.enqueue_jobs(JobSpec::new(4, &["linux"]).lasting(Duration::from_secs(2)));
+    control
+        .wait_until(Duration::from_secs(120), |s| {
+            s.jobs.iter().any(|job| job.phase == JobPhase::Running)
+        })
+        .await
+        .unwrap_or_else(|s| panic!("no job started under the leader: {:?}", s.ledger));
+    let scale_set = control.scale_sets()[0].id;
+    assert!(control.has_session(scale_set));
+    assert_eq!(control.counters().calls(Endpoint::CreateSession), 1);
+
+    // The leader dies with its session, its Lease and jobs in flight.
+    leader.start_kill().unwrap();
+    leader.wait().await.unwrap();
+    let in_time = until("host-b takes the Lease");
+    while !holder().await.starts_with("host-b-") {
+        in_time();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The new leader's listener meets the dead one's session (a conflict:
+    // never two sessions), until the service lets it go, as the real one
+    // does when nobody polls it; then the new leader listens.
+    control
+        .wait_until(Duration::from_secs(120), |s| {
+            s.counters.calls(Endpoint::CreateSession) >= 2
+        })
+        .await
+        .unwrap_or_else(|s| panic!("the new leader never asked for a session: {:?}", s.counters));
+    assert!(control.drop_session(scale_set), "the dead leader's session");
+    control
+        .wait_until(Duration::from_secs(120), |s| {
+            s.counters.calls(Endpoint::CreateSession) >= 3
+        })
+        .await
+        .unwrap_or_else(|s| panic!("the new leader never listened: {:?}", s.counters));
+    assert!(control.has_session(scale_set));
+
+    control.enqueue_jobs(JobSpec::new(2, &["linux"]).lasting(Duration::from_millis(500)));
+    let done = control
+        .wait_until(Duration::from_secs(120), |s| {
+            s.ledger.jobs_succeeded == 6 && s.ledger.still_registered == 0
+        })
+        .await
+        .unwrap_or_else(|s| {
+            panic!(
+                "the jobs did not all run, or runners stayed: {:?}",
+                s.ledger
+            )
+        });
+    assert_eq!(done.ledger.jobs_cancelled, 0, "{:?}", done.ledger);
+    assert_eq!(
+        done.ledger.jobs_cancelled_runner_vanished, 0,
+        "{:?}",
+        done.ledger
     );
 }
