@@ -24,6 +24,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -399,6 +400,13 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+/// What one pool last added to the shared gauges.
+#[derive(Debug, Default)]
+struct Reported {
+    depth: AtomicI64,
+    in_flight: AtomicI64,
+}
+
 /// The pool's metrics. Clones share the same series.
 #[derive(Clone, Debug, Default)]
 pub struct UnregistrationMetrics {
@@ -431,14 +439,33 @@ impl UnregistrationMetrics {
             "Runner registration removals in an API call",
             metrics.in_flight.clone(),
         );
+        // Every outcome's series exists from the start, at zero: `rate()`
+        // then sees the first failure, and the alert on failed removals
+        // finds its metric before anything failed.
+        for removal in [
+            Removal::Removed,
+            Removal::NotFound,
+            Removal::JobStillRunning,
+            Removal::Failed(String::new()),
+        ] {
+            let _ = metrics.attempts.get_or_create(&OutcomeLabels {
+                outcome: removal.metric_label().to_string(),
+            });
+        }
         metrics
     }
 
-    fn observe<T>(&self, queue: &UnregistrationQueue<T>) {
+    /// Moves the gauges by what changed in `queue` since this pool last
+    /// reported (`reported`), rather than setting them: a host watching
+    /// several namespaces runs one pool per namespace, and the gauges are
+    /// the sum of them all, not whichever pool spoke last.
+    fn observe<T>(&self, queue: &UnregistrationQueue<T>, reported: &Reported) {
+        let depth = i64::try_from(queue.depth()).unwrap_or(i64::MAX);
+        let in_flight = i64::try_from(queue.in_flight()).unwrap_or(i64::MAX);
         self.queue_depth
-            .set(i64::try_from(queue.depth()).unwrap_or(i64::MAX));
+            .inc_by(depth - reported.depth.swap(depth, Ordering::Relaxed));
         self.in_flight
-            .set(i64::try_from(queue.in_flight()).unwrap_or(i64::MAX));
+            .inc_by(in_flight - reported.in_flight.swap(in_flight, Ordering::Relaxed));
     }
 
     fn count(&self, removal: &Removal) {
@@ -488,6 +515,7 @@ pub struct UnregistrationPool<R: Remover> {
     wake: Notify,
     on_finished: Box<dyn Fn(Finished) + Send + Sync>,
     metrics: UnregistrationMetrics,
+    reported: Reported,
 }
 
 impl<R: Remover> std::fmt::Debug for UnregistrationPool<R> {
@@ -541,6 +569,7 @@ impl<R: Remover> UnregistrationPool<R> {
             wake: Notify::new(),
             on_finished: Box::new(on_finished),
             metrics,
+            reported: Reported::default(),
         })
     }
 
@@ -557,7 +586,7 @@ impl<R: Remover> UnregistrationPool<R> {
     pub fn push(&self, key: UnregistrationKey, target: R::Target) -> bool {
         let mut queue = self.queue();
         let taken = queue.push(key.clone(), target);
-        self.metrics.observe(&queue);
+        self.metrics.observe(&queue, &self.reported);
         drop(queue);
         if taken {
             self.wake.notify_one();
@@ -597,7 +626,7 @@ impl<R: Remover> UnregistrationPool<R> {
         }
         let mut queue = self.queue();
         let dropped = queue.drop_queued();
-        self.metrics.observe(&queue);
+        self.metrics.observe(&queue, &self.reported);
         drop(queue);
         tracing::info!(
             dropped,
@@ -648,7 +677,7 @@ impl<R: Remover> UnregistrationPool<R> {
             let next = {
                 let mut queue = self.queue();
                 let next = queue.next(Instant::now());
-                self.metrics.observe(&queue);
+                self.metrics.observe(&queue, &self.reported);
                 next
             };
             match next {
@@ -691,7 +720,7 @@ impl<R: Remover> UnregistrationPool<R> {
             );
             let mut queue = self.queue();
             queue.finish(key);
-            self.metrics.observe(&queue);
+            self.metrics.observe(&queue, &self.reported);
             return;
         };
         self.metrics.count(&removal);
@@ -727,7 +756,7 @@ impl<R: Remover> UnregistrationPool<R> {
             let ready_at = Instant::now() + self.config.retry_delay;
             let mut queue = self.queue();
             queue.retry(request, ready_at);
-            self.metrics.observe(&queue);
+            self.metrics.observe(&queue, &self.reported);
             drop(queue);
             // A parked worker's wait was computed before this request was
             // delayed; waking one lets it shorten its sleep to the retry.
@@ -739,7 +768,7 @@ impl<R: Remover> UnregistrationPool<R> {
         {
             let mut queue = self.queue();
             queue.finish(&key);
-            self.metrics.observe(&queue);
+            self.metrics.observe(&queue, &self.reported);
         }
         self.finished
             .lock()
@@ -931,7 +960,15 @@ mod tests {
         q.push(key(1), ());
         q.push(key(2), ());
         q.next(Instant::now());
-        metrics.observe(&q);
+        // Two pools (two namespaces) report into the same gauges: they add
+        // up, and a pool reporting again the same counts adds nothing.
+        let (first, second) = (Reported::default(), Reported::default());
+        metrics.observe(&q, &first);
+        let mut other = queue();
+        other.push(key(3), ());
+        other.push(key(4), ());
+        metrics.observe(&other, &second);
+        metrics.observe(&q, &first);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         for line in [
@@ -939,7 +976,7 @@ mod tests {
             r#"arcwright_unregistrations_total{outcome="not_found"} 1"#,
             r#"arcwright_unregistrations_total{outcome="job_still_running"} 2"#,
             r#"arcwright_unregistrations_total{outcome="failed"} 1"#,
-            "arcwright_unregistration_queue_depth 1",
+            "arcwright_unregistration_queue_depth 3",
             "arcwright_unregistration_in_flight 1",
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");

@@ -141,6 +141,7 @@ impl World {
             ),
             reporter: Arc::new(TracingReporter::default()),
             metrics: self.metrics.clone(),
+            unregistration: Default::default(),
         };
         let config = Config {
             namespace: Some(self.env.namespace().to_string()),

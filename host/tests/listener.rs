@@ -10,8 +10,8 @@ use arcwright::actions::{
     RunnerScaleSet, Secret,
 };
 use arcwright::listener::{
-    self, Backoff, Cause, Health, JobRecord, ListenerHandle, ListenerSpec, MemoryJobSink,
-    MemoryScaleTarget, MemoryStatusSink, ScalePatch, StatusUpdate,
+    self, Backoff, Cause, Health, JobRecord, ListenerHandle, ListenerMetrics, ListenerSpec,
+    MemoryJobSink, MemoryScaleTarget, MemoryStatusSink, ScalePatch, StatusUpdate,
 };
 use arcwright::policy::bundled;
 use arcwright::policy::loader::{ConfigMapPolicyRef, PolicyLoader, PolicyRef};
@@ -97,6 +97,7 @@ fn spec(service: &Service, min: u32, max: u32, policy: Option<PolicyRef>) -> Lis
             initial: Duration::from_millis(20),
             max: Duration::from_millis(200),
         },
+        metrics: ListenerMetrics::default(),
     }
 }
 

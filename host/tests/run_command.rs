@@ -79,73 +79,6 @@ async fn refused(mut child: Child, mut lines: mpsc::UnboundedReceiver<String>) -
     stderr
 }
 
-/// One sample of the text format: name, labels, value.
-#[derive(Debug, PartialEq)]
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
-}
-
-/// Parses the OpenMetrics text format strictly enough to catch a malformed
-/// exposition: `# HELP`/`# TYPE`/`# UNIT` lines, samples
-/// `name{label="value",...} number`, and a final `# EOF`. Returns the
-/// declared types by family and the samples.
-fn parse_exposition(text: &str) -> (BTreeMap<String, String>, Vec<Sample>) {
-    let mut types = BTreeMap::new();
-    let mut samples = Vec::new();
-    let mut lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.pop(), Some("# EOF"), "the exposition ends with # EOF");
-    for line in lines {
-        if let Some(rest) = line.strip_prefix("# ") {
-            let mut parts = rest.splitn(3, ' ');
-            let (keyword, family) = (parts.next().unwrap(), parts.next().unwrap());
-            match keyword {
-                "TYPE" => {
-                    types.insert(family.to_owned(), parts.next().unwrap().to_owned());
-                }
-                "HELP" | "UNIT" => {}
-                other => panic!("unknown comment {other:?} in {line:?}"),
-            }
-            continue;
-        }
-        let (series, value) = line.rsplit_once(' ').expect("a sample has a value");
-        let value: f64 = value
-            .parse()
-            .unwrap_or_else(|_| panic!("not a number in {line:?}"));
-        let (name, labels) = match series.split_once('{') {
-            None => (series, BTreeMap::new()),
-            Some((name, labels)) => {
-                let labels = labels.strip_suffix('}').expect("labels end with }");
-                let labels = labels
-                    .split(',')
-                    .filter(|pair| !pair.is_empty())
-                    .map(|pair| {
-                        let (key, value) = pair.split_once('=').expect("label=value");
-                        let value = value
-                            .strip_prefix('"')
-                            .and_then(|v| v.strip_suffix('"'))
-                            .expect("quoted label value");
-                        (key.to_owned(), value.to_owned())
-                    })
-                    .collect();
-                (name, labels)
-            }
-        };
-        assert!(
-            name.chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
-            "bad metric name in {line:?}"
-        );
-        samples.push(Sample {
-            name: name.to_owned(),
-            labels,
-            value,
-        });
-    }
-    (types, samples)
-}
-
 #[tokio::test]
 async fn run_becomes_ready_serves_policy_metrics_and_exits_cleanly_on_sigterm() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -221,7 +154,7 @@ async fn run_becomes_ready_serves_policy_metrics_and_exits_cleanly_on_sigterm() 
         .text()
         .await
         .unwrap();
-    let (types, samples) = parse_exposition(&text);
+    let (types, samples) = common::parse_exposition(&text);
     for (family, kind) in [
         ("arcwright_policy_decisions", "counter"),
         ("arcwright_policy_decision_duration_seconds", "histogram"),
@@ -247,7 +180,7 @@ async fn run_becomes_ready_serves_policy_metrics_and_exits_cleanly_on_sigterm() 
         ]
         .into();
         assert!(
-            samples.contains(&Sample {
+            samples.contains(&common::Sample {
                 name: "arcwright_policy_decisions_total".into(),
                 labels: labels.clone(),
                 value: 0.0,
@@ -270,7 +203,7 @@ async fn run_becomes_ready_serves_policy_metrics_and_exits_cleanly_on_sigterm() 
     ] {
         let labels: BTreeMap<String, String> = [("controller".into(), controller.into())].into();
         assert!(
-            samples.contains(&Sample {
+            samples.contains(&common::Sample {
                 name: "arcwright_reconciles_total".into(),
                 labels,
                 value: 0.0,
@@ -279,7 +212,7 @@ async fn run_becomes_ready_serves_policy_metrics_and_exits_cleanly_on_sigterm() 
         );
     }
     assert!(
-        samples.contains(&Sample {
+        samples.contains(&common::Sample {
             name: "arcwright_build_info".into(),
             labels: [("version".into(), env!("CARGO_PKG_VERSION").into())].into(),
             value: 1.0,

@@ -128,6 +128,8 @@ impl World {
             .unwrap_or_else(|| self.env.client());
         let mut shared = Shared::new(client.clone(), &options).unwrap();
         let fast = ClientOptions {
+            // Still counted on the host's /metrics.
+            metrics: shared.actions.metrics.clone(),
             timeout: Duration::from_secs(5),
             retry: RetryPolicy {
                 max_retries: 3,
@@ -450,6 +452,110 @@ async fn a_burst_gets_runners_up_to_max_and_the_set_returns_to_zero() {
         "{ledger:?}"
     );
     assert_nothing_leaked(&ledger, 0);
+
+    // What the burst left on /metrics, read as Prometheus reads it.
+    let text = reqwest::get(format!("{}/metrics", world.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let (types, samples) = common::parse_exposition(&text);
+    let ns = world.env.namespace();
+    let sample = |name: &str, labels: &[(&str, &str)]| {
+        samples
+            .iter()
+            .find(|s| {
+                s.name == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+            })
+            .map(|s| s.value)
+    };
+    let scale_set = [("namespace", ns), ("name", NAME)];
+    // The service's statistics and the decision, per scale set, as ARC
+    // names them; settled at zero after the burst.
+    for gauge in [
+        "gha_assigned_jobs",
+        "gha_running_jobs",
+        "gha_desired_runners",
+    ] {
+        assert_eq!(sample(gauge, &scale_set), Some(0.0), "{gauge} in {text}");
+    }
+    assert!(
+        sample("gha_registered_runners", &scale_set).is_some(),
+        "{text}"
+    );
+    let ups = sample(
+        "arcwright_scale_decisions_total",
+        &[
+            ("namespace", ns),
+            ("scale_set", NAME),
+            ("policy", "builtin:default"),
+            ("direction", "up"),
+        ],
+    );
+    assert!(ups.is_some_and(|n| n >= 1.0), "{text}");
+    let downs = sample(
+        "arcwright_scale_decisions_total",
+        &[
+            ("namespace", ns),
+            ("scale_set", NAME),
+            ("direction", "down"),
+        ],
+    );
+    assert!(downs.is_some_and(|n| n >= 1.0), "{text}");
+    // Every Actions call, by endpoint: six jobs acquired and six JIT
+    // configs at least, every poll.
+    let calls = |endpoint: &str| {
+        sample(
+            "arcwright_actions_requests_total",
+            &[("endpoint", endpoint), ("outcome", "ok")],
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(calls("generate_jit_config") >= 6.0, "{text}");
+    assert!(calls("get_message") >= 1.0, "{text}");
+    // Runner counts by phase, policy decisions, reconcile durations.
+    assert!(
+        sample("arcwright_policy_decisions_total", &[("kind", "scaling")])
+            .is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+    assert!(
+        sample(
+            "arcwright_reconcile_duration_seconds_count",
+            &[("controller", "ephemeral-runner")]
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample("arcwright_unregistration_queue_depth", &[]),
+        Some(0.0),
+        "{text}"
+    );
+    // Every series the chart's dashboard and alerts query is one the host
+    // declares: a renamed metric breaks them here, not on a wall display.
+    // A family shows on /metrics once it has a series; policy failures
+    // have none in a healthy burst, and their name is proven where they are
+    // made (`policy::metrics`' test).
+    let listed = std::fs::read_to_string(helm::controller_chart().join("metrics.txt")).unwrap();
+    for series in listed
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter(|l| *l != "arcwright_policy_failures_total")
+    {
+        let family = ["_total", "_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|suffix| series.strip_suffix(suffix))
+            .unwrap_or(series);
+        assert!(
+            types.contains_key(family),
+            "{series} (queried by the dashboard or alerts) is not on /metrics:\n{text}"
+        );
+    }
 }
 
 #[tokio::test]

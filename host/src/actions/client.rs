@@ -26,7 +26,7 @@ use super::types::{
     CreateSessionRequest, JitConfig, JitRunnerSetting, ListResponse, RunnerGroup, RunnerReference,
     RunnerScaleSet, RunnerScaleSetSession,
 };
-use super::{ActionsError, ConfigUrl, Operation};
+use super::{ActionsError, ActionsMetrics, ConfigUrl, Operation};
 
 /// The Actions service API version every service call is made with.
 pub const API_VERSION: &str = "6.0-preview";
@@ -154,6 +154,8 @@ pub struct ClientOptions {
     /// A proxy for every call; `None` takes the proxies from the
     /// environment (see [`ProxyConfig`]).
     pub proxy: Option<ProxyConfig>,
+    /// Where every attempt is counted.
+    pub metrics: ActionsMetrics,
 }
 
 impl Default for ClientOptions {
@@ -165,6 +167,7 @@ impl Default for ClientOptions {
             retry: RetryPolicy::default(),
             root_ca_pem: None,
             proxy: None,
+            metrics: ActionsMetrics::default(),
         }
     }
 }
@@ -524,6 +527,7 @@ impl ActionsClient {
             // retry policy needs to know about it.
             let (error, retry_after, kind) = match attempt {
                 Ok(Ok((status, _headers, body))) if (200..300).contains(&status) => {
+                    self.inner.options.metrics.attempt(call.operation, true);
                     return Ok(Response {
                         status,
                         body: strip_bom(&body).to_vec(),
@@ -569,6 +573,7 @@ impl ActionsClient {
                     (error, None, AttemptKind::Timeout)
                 }
             };
+            self.inner.options.metrics.attempt(call.operation, false);
             let outcome = match kind {
                 AttemptKind::Status(status) => Outcome::Status {
                     status,

@@ -45,6 +45,7 @@ pub mod cluster;
 mod error;
 mod jobs;
 mod memory;
+pub mod metrics;
 mod patch;
 mod status;
 mod supervisor;
@@ -70,6 +71,7 @@ pub use target::{Observed, ScalePatch, ScaleTarget};
 use crate::actions::ActionsClient;
 use crate::policy::loader::{PolicyLoader, PolicyRef};
 use crate::policy::types::ScaleSet;
+pub use metrics::ListenerMetrics;
 
 /// What a listener serves.
 #[derive(Clone, Debug)]
@@ -86,6 +88,8 @@ pub struct ListenerSpec {
     pub scaling_policy: Option<PolicyRef>,
     /// How long to wait between failed attempts.
     pub backoff: Backoff,
+    /// Where the service's statistics and the decisions are reported.
+    pub metrics: ListenerMetrics,
 }
 
 /// A running listener. Dropping it leaves the task running until the

@@ -21,7 +21,7 @@ use kube::runtime::events::Recorder;
 use tokio_util::sync::CancellationToken;
 
 use super::cluster::{ClusterView, RunnerJobs, RunnerSetTarget, ScaleSetStatus};
-use super::{Backoff, ListenerHandle, ListenerSpec};
+use super::{Backoff, ListenerHandle, ListenerMetrics, ListenerSpec};
 use crate::controllers::autoscaling_runner_set::{ListenerConfig, ListenerControl, ListenerError};
 use crate::credentials::ActionsClients;
 use crate::policy::loader::PolicyLoader;
@@ -38,6 +38,7 @@ pub struct Supervisor {
     recorder: Recorder,
     owner: String,
     backoff: Backoff,
+    metrics: ListenerMetrics,
     shutdown: CancellationToken,
     running: Mutex<HashMap<Key, (ListenerConfig, ListenerHandle)>>,
 }
@@ -62,6 +63,7 @@ impl Supervisor {
             view,
             owner,
             backoff: Backoff::default(),
+            metrics: ListenerMetrics::default(),
             shutdown,
             running: Mutex::new(HashMap::new()),
         }
@@ -71,6 +73,12 @@ impl Supervisor {
     /// to a minute).
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
+        self
+    }
+
+    /// Listeners report to `metrics` (registered by the caller).
+    pub fn with_metrics(mut self, metrics: ListenerMetrics) -> Self {
+        self.metrics = metrics;
         self
     }
 
@@ -109,6 +117,7 @@ impl Supervisor {
             },
             owner: self.owner.clone(),
             scaling_policy: config.scaling_policy.clone(),
+            metrics: self.metrics.clone(),
             backoff: self.backoff,
         }
     }

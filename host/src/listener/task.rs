@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::backoff::recovery;
 use super::batch::{plan_batch, scaling_input};
 use super::jobs::JobSink;
+use super::metrics::ScaleSetLabels;
 use super::patch::PatchSequence;
 use super::status::{DecisionReport, Health, Reporting, StatusSink};
 use super::target::ScaleTarget;
@@ -47,6 +48,8 @@ struct Memory {
     /// Jobs offered that could not be acquired yet (the acquire call
     /// failed); tried again with the next batch.
     unacquired: Vec<i64>,
+    /// The last decision's runner count, for its metric's direction.
+    desired: Option<u32>,
 }
 
 impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
@@ -67,6 +70,7 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
             sequence: None,
             statistics: None,
             unacquired: Vec::new(),
+            desired: None,
         };
         loop {
             let created = tokio::select! {
@@ -100,6 +104,7 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
             }
         }
         self.status.health(Health::Stopped);
+        self.spec.metrics.forget(&self.labels());
         // Keep the policy (and its ConfigMap watch) alive to the end.
         drop(policy);
         Ok(())
@@ -113,6 +118,7 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
         memory: &mut Memory,
     ) -> Ended {
         if let Some(statistics) = session.statistics() {
+            self.spec.metrics.statistics(&self.labels(), &statistics);
             memory.statistics = Some(statistics);
         }
         self.decide(decider, memory).await;
@@ -163,7 +169,8 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
         // queue behind it. Acquiring and recording twice is harmless, so a
         // message whose acknowledgement failed is simply handled again.
         session.delete_message(message.id).await?;
-        if plan.statistics.is_some() {
+        if let Some(statistics) = &plan.statistics {
+            self.spec.metrics.statistics(&self.labels(), statistics);
             memory.statistics = plan.statistics;
         }
 
@@ -236,6 +243,13 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
                 return;
             }
         };
+        self.spec.metrics.decision(
+            &self.labels(),
+            &decided.policy,
+            memory.desired,
+            decided.decision.desired,
+        );
+        memory.desired = Some(decided.decision.desired);
         self.status.decision(DecisionReport {
             desired: decided.decision.desired,
             reason: decided.decision.reason.clone(),
@@ -251,6 +265,14 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
             }
         }
         self.status.health(Health::Listening);
+    }
+
+    /// The scale set's metric labels.
+    fn labels(&self) -> ScaleSetLabels {
+        ScaleSetLabels {
+            namespace: self.spec.scale_set.namespace.clone(),
+            name: self.spec.scale_set.name.clone(),
+        }
     }
 
     fn target_failed(&self, error: &ListenerError) {

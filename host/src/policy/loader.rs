@@ -47,6 +47,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::defaults::{DefaultPolicies, DefaultPoliciesError};
+use super::metrics::PolicyMetrics;
 use super::{
     CallLimits, Decider, Policy, PolicyEngine, PolicyError, PolicyEvent, PolicyKind, PolicyReporter,
 };
@@ -227,6 +228,7 @@ pub struct PolicyLoader {
     watches: Arc<Watches>,
     backoff: RetryBackoff,
     defaults: Arc<DefaultPolicies>,
+    metrics: Option<PolicyMetrics>,
 }
 
 impl PolicyLoader {
@@ -238,7 +240,15 @@ impl PolicyLoader {
             watches: Arc::default(),
             backoff: RetryBackoff::default(),
             defaults: Arc::default(),
+            metrics: None,
         }
+    }
+
+    /// Every decider this loader makes counts and times its decisions in
+    /// `metrics` (`arcwright_policy_decisions_total` and the duration).
+    pub fn with_metrics(mut self, metrics: PolicyMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Loads `defaults` for an object whose spec names no policy of a kind,
@@ -312,7 +322,10 @@ impl PolicyLoader {
             .cloned()
             .unwrap_or_default();
         let label = spec.label(kind, namespace);
-        let decider = Decider::new(Arc::clone(&fallback), fallback, Arc::clone(&reporter));
+        let mut decider = Decider::new(Arc::clone(&fallback), fallback, Arc::clone(&reporter));
+        if let Some(metrics) = &self.metrics {
+            decider = decider.with_metrics(metrics.clone());
+        }
         let fail = |error: PolicyError| {
             reporter.report(
                 kind,

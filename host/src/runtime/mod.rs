@@ -53,17 +53,19 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::actions::{ClientOptions, Secret};
+use crate::actions::{ActionsMetrics, ClientOptions, Secret};
 use crate::controllers::ephemeral_runner::SlackConfig;
 use crate::controllers::ephemeral_runner_set::SetMetrics;
 use crate::controllers::metrics::ControllerMetrics;
 use crate::credentials::ActionsClients;
+use crate::listener::ListenerMetrics;
 use crate::policy::defaults::{DefaultPolicies, DefaultPoliciesError};
 use crate::policy::loader::PolicyLoader;
 use crate::policy::metrics::PolicyMetrics;
 use crate::policy::reporter::TracingReporter;
 use crate::policy::{EngineConfig, PolicyEngine, PolicyError, PolicyReporter};
 use crate::slack::InteractionsConfig;
+use crate::unregistration::UnregistrationMetrics;
 pub use metrics::MetricsRegistry;
 use options::{DebugOptions, KubeSource, RunOptions, WatchScope};
 pub use readiness::{Readiness, ReadinessGate};
@@ -271,6 +273,10 @@ pub struct Shared {
     pub owner: String,
     /// Held failed runners' Slack settings.
     pub debug: DebugSettings,
+    /// The unregistration pools' metrics.
+    pub unregistration: UnregistrationMetrics,
+    /// The listeners' metrics (`gha_*`, scaling decisions).
+    pub listeners: ListenerMetrics,
 }
 
 /// What held failed runners need from the flags.
@@ -350,19 +356,26 @@ impl Shared {
         let metrics = MetricsRegistry::new();
         let policy_metrics = metrics.register(PolicyMetrics::register);
         let engine = PolicyEngine::new(EngineConfig::default()).map_err(RuntimeError::Policy)?;
-        let actions = ClientOptions::default();
+        let actions = ClientOptions {
+            metrics: metrics.register(ActionsMetrics::register),
+            ..ClientOptions::default()
+        };
         let defaults = read_default_policies(options.policies.default_policies.as_deref())?;
         Ok(Self {
             debug: DebugSettings::read(&options.debug)?,
             clients: ActionsClients::new(client.clone(), actions.clone()),
             controllers: metrics.register(ControllerMetrics::register),
+            unregistration: metrics.register(UnregistrationMetrics::register),
+            listeners: metrics.register(ListenerMetrics::register),
             runner_sets: metrics.register(SetMetrics::register),
             owner: std::env::var("HOSTNAME")
                 .ok()
                 .filter(|name| !name.is_empty())
                 .unwrap_or_else(|| "arcwright".to_owned()),
             policy: PolicyServices {
-                loader: PolicyLoader::new(engine, Some(client.clone())).with_defaults(defaults),
+                loader: PolicyLoader::new(engine, Some(client.clone()))
+                    .with_defaults(defaults)
+                    .with_metrics(policy_metrics.clone()),
                 reporter: Arc::new(TracingReporter::new(policy_metrics.clone())),
                 metrics: policy_metrics,
             },

@@ -63,6 +63,7 @@ async fn ephemeral_runners(ctx: Context) -> Result<(), BoxError> {
         loader: shared.policy.loader.clone(),
         reporter: Arc::clone(&shared.policy.reporter),
         metrics: shared.controllers.clone(),
+        unregistration: shared.unregistration.clone(),
     };
     let pool = PoolConfig {
         workers: usize::from(shared.unregistration_workers),
@@ -136,7 +137,8 @@ async fn autoscaling_runner_sets(ctx: Context) -> Result<(), BoxError> {
         view,
         shared.owner.clone(),
         listeners_stop.clone(),
-    );
+    )
+    .with_metrics(shared.listeners.clone());
     let context = Arc::new(
         SetContext::new(
             shared.client.clone(),

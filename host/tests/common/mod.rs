@@ -1,5 +1,6 @@
 //! What the cluster tests share: installing the committed CRDs.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
@@ -54,4 +55,73 @@ pub async fn github_secret(client: kube::Client, namespace: &str, token: &str) {
         .create(&PostParams::default(), &secret)
         .await
         .expect("the GitHub Secret is created");
+}
+
+/// One sample of the text format: name, labels, value.
+#[derive(Debug, PartialEq)]
+#[allow(dead_code)] // not every test binary scrapes /metrics
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// Parses the OpenMetrics text format strictly enough to catch a malformed
+/// exposition: `# HELP`/`# TYPE`/`# UNIT` lines, samples
+/// `name{label="value",...} number`, and a final `# EOF`. Returns the
+/// declared types by family and the samples.
+#[allow(dead_code)]
+pub fn parse_exposition(text: &str) -> (BTreeMap<String, String>, Vec<Sample>) {
+    let mut types = BTreeMap::new();
+    let mut samples = Vec::new();
+    let mut lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.pop(), Some("# EOF"), "the exposition ends with # EOF");
+    for line in lines {
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut parts = rest.splitn(3, ' ');
+            let (keyword, family) = (parts.next().unwrap(), parts.next().unwrap());
+            match keyword {
+                "TYPE" => {
+                    types.insert(family.to_owned(), parts.next().unwrap().to_owned());
+                }
+                "HELP" | "UNIT" => {}
+                other => panic!("unknown comment {other:?} in {line:?}"),
+            }
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').expect("a sample has a value");
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("not a number in {line:?}"));
+        let (name, labels) = match series.split_once('{') {
+            None => (series, BTreeMap::new()),
+            Some((name, labels)) => {
+                let labels = labels.strip_suffix('}').expect("labels end with }");
+                let labels = labels
+                    .split(',')
+                    .filter(|pair| !pair.is_empty())
+                    .map(|pair| {
+                        let (key, value) = pair.split_once('=').expect("label=value");
+                        let value = value
+                            .strip_prefix('"')
+                            .and_then(|v| v.strip_suffix('"'))
+                            .expect("quoted label value");
+                        (key.to_owned(), value.to_owned())
+                    })
+                    .collect();
+                (name, labels)
+            }
+        };
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name in {line:?}"
+        );
+        samples.push(Sample {
+            name: name.to_owned(),
+            labels,
+            value,
+        });
+    }
+    (types, samples)
 }

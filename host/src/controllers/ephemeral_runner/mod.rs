@@ -39,7 +39,9 @@ use crate::credentials::{ActionsClients, ActionsRemover, CredentialsError, GitHu
 use crate::policy::loader::{LoadedPolicy, PolicyLoader, PolicyRef};
 use crate::policy::{PolicyError, PolicyKind, PolicyReporter};
 use crate::slack::SlackClient;
-use crate::unregistration::{PoolConfig, UnregistrationKey, UnregistrationPool};
+use crate::unregistration::{
+    PoolConfig, UnregistrationKey, UnregistrationMetrics, UnregistrationPool,
+};
 
 /// The finalizer that holds an EphemeralRunner until its registration, pod
 /// and Secret are gone.
@@ -173,6 +175,9 @@ pub struct Dependencies {
     pub reporter: Arc<dyn PolicyReporter>,
     /// The reconcilers' metrics.
     pub metrics: ControllerMetrics,
+    /// The unregistration pools' metrics (one pool per namespace watched,
+    /// summed).
+    pub unregistration: UnregistrationMetrics,
 }
 
 /// What every reconcile reads.
@@ -306,9 +311,10 @@ pub async fn run(
 ) {
     let client = deps.client.clone();
     let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
-    let pool = UnregistrationPool::new(
+    let pool = UnregistrationPool::with_metrics(
         ActionsRemover::new(deps.clients.clone()),
         config.pool.clone(),
+        deps.unregistration.clone(),
         move |finished: crate::unregistration::Finished| {
             let key = finished.key;
             let _ = wake.send(ObjectRef::<EphemeralRunner>::new(&key.name).within(&key.namespace));
