@@ -224,3 +224,27 @@ fn a_bad_environment_value_is_refused_with_its_reason() {
         .to_string();
     assert!(err.contains("\"Prod\" is not a namespace name"), "{err}");
 }
+
+/// The README's table of flags names every flag and its variable, so a new
+/// flag is documented where operators look.
+#[test]
+fn the_readme_lists_every_flag_and_its_variable() {
+    use clap::CommandFactory;
+    let readme = include_str!("../../README.md");
+    for arg in Run::command().get_arguments() {
+        let Some(long) = arg.get_long() else {
+            continue;
+        };
+        assert!(
+            readme.contains(&format!("| `--{long}")),
+            "--{long} is missing from the README's table of flags"
+        );
+        if let Some(env) = arg.get_env() {
+            let env = env.to_str().unwrap();
+            assert!(
+                readme.contains(&format!("`{env}`")),
+                "{env} is missing from the README's table of flags"
+            );
+        }
+    }
+}
