@@ -30,7 +30,7 @@ use fake_actions::{FakeConfig, JobSpec};
 use kube::api::ListParams;
 use rand::{Rng, SeedableRng};
 
-use crate::stats::{BenchReport, first_reaching, intervals, percentile};
+use crate::stats::{BenchReport, first_reaching, intervals, peak, percentile};
 use crate::timeline::Recorder;
 use crate::{ScaleSet, Stack, StackConfig};
 
@@ -99,6 +99,30 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
     stack.listening(SET).await?;
     let recorder = Recorder::start(stack.fake().control(), stack.client(), stack.namespace());
 
+    // When the decision (the EphemeralRunnerSet's replicas) first reached
+    // the target: beside the pods' own scale-up, it tells the listener's
+    // share of the time from the runner controllers'.
+    let target = usize::try_from(jobs.min(max_runners))?;
+    let decided = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let watch = {
+        let decided = decided.clone();
+        let stream = kube::runtime::watcher::watcher(
+            stack.runner_sets(),
+            kube::runtime::watcher::Config::default(),
+        );
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            use kube::runtime::WatchStreamExt;
+            let mut stream = std::pin::pin!(stream.applied_objects());
+            while let Some(Ok(set)) = stream.next().await {
+                if usize::try_from(set.spec.replicas).unwrap_or(0) >= target {
+                    let mut decided = decided.lock().unwrap_or_else(|p| p.into_inner());
+                    decided.get_or_insert_with(Instant::now);
+                }
+            }
+        })
+    };
+
     let host = stack.host().context("the host runs")?;
     let cpu_before = host.usage()?.cpu;
     let calls_before = stack.host_actions_calls();
@@ -143,10 +167,23 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
         .map(|r| (r.pod, r.jobs))
         .collect();
     let cleanups = timeline.cleanups(&pod_jobs);
-    let target = usize::try_from(jobs.min(max_runners))?;
-    let scaleup = first_reaching(&timeline.live_pods, target)
-        .map(|at| at.saturating_duration_since(started))
-        .context("the runner pods never reached their target")?;
+    watch.abort();
+    if let Some(at) = *decided.lock().unwrap_or_else(|p| p.into_inner()) {
+        progress(&format!(
+            "the decision reached {target} runners {} ms after the burst",
+            at.saturating_duration_since(started).as_millis()
+        ));
+    }
+    let scaleup =
+        first_reaching(&timeline.live_pods, target).map(|at| at.saturating_duration_since(started));
+    if scaleup.is_none()
+        && let Some((at, top)) = peak(&timeline.live_pods)
+    {
+        progress(&format!(
+            "the runner pods never reached {target} at once: at most {top}, {} ms after the burst",
+            at.saturating_duration_since(started).as_millis()
+        ));
+    }
     let requests = stack
         .host_apiserver_requests(window_start, window_end)
         .context("the audit log is readable")?;

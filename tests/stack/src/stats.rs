@@ -28,11 +28,26 @@ pub fn intervals(from: &HashMap<u64, Instant>, to: &HashMap<u64, Instant>) -> Ve
 
 /// When the live count first reached `target`, from `(when, count)` samples
 /// in time order.
+///
+/// Also [`peak`]: the highest count and when it was first reached, for
+/// saying how far a run that never reached its target got.
 pub fn first_reaching(history: &[(Instant, usize)], target: usize) -> Option<Instant> {
     history
         .iter()
         .find(|(_, count)| *count >= target)
         .map(|(at, _)| *at)
+}
+
+/// The highest count of `(when, count)` samples and when it was first
+/// reached.
+pub fn peak(history: &[(Instant, usize)]) -> Option<(Instant, usize)> {
+    history.iter().fold(
+        None,
+        |best: Option<(Instant, usize)>, &(at, count)| match best {
+            Some((_, top)) if top >= count => best,
+            _ => Some((at, count)),
+        },
+    )
 }
 
 /// The scale benchmark's result: the one line `cargo xtask bench scale`
@@ -47,8 +62,10 @@ pub struct BenchReport {
     pub p50_wait: Duration,
     /// The same, 95th percentile.
     pub p95_wait: Duration,
-    /// Burst enqueued to `min(jobs, max runners)` runner pods existing.
-    pub scaleup: Duration,
+    /// Burst enqueued to `min(jobs, max runners)` runner pods existing at
+    /// once; `None` when the pods never all existed at the same time
+    /// (printed `never`: a figure made up for it would hide the miss).
+    pub scaleup: Option<Duration>,
     /// Job finished to its runner pod gone, 50th percentile.
     pub p50_cleanup: Duration,
     /// Calls the host made to the Actions service and GitHub API.
@@ -81,7 +98,8 @@ impl fmt::Display for BenchReport {
             },
             self.p50_wait.as_millis(),
             self.p95_wait.as_millis(),
-            self.scaleup.as_millis(),
+            self.scaleup
+                .map_or_else(|| "never".to_owned(), |d| d.as_millis().to_string()),
             self.p50_cleanup.as_millis(),
             self.actions_calls as f64 / jobs,
             self.apiserver_requests as f64 / jobs,
@@ -127,6 +145,8 @@ mod tests {
         let history = [(t0, 0), (t0 + ms(5), 2), (t0 + ms(9), 3), (t0 + ms(12), 1)];
         assert_eq!(first_reaching(&history, 3), Some(t0 + ms(9)));
         assert_eq!(first_reaching(&history, 4), None);
+        assert_eq!(peak(&history), Some((t0 + ms(9), 3)));
+        assert_eq!(peak(&[]), None);
     }
 
     #[test]
@@ -136,7 +156,7 @@ mod tests {
             wall: Duration::from_secs(20),
             p50_wait: ms(1500),
             p95_wait: ms(3000),
-            scaleup: ms(1800),
+            scaleup: Some(ms(1800)),
             p50_cleanup: ms(400),
             actions_calls: 220,
             apiserver_requests: 1300,
@@ -171,5 +191,11 @@ mod tests {
         assert!(line.contains("actions_calls_per_job=1.10"), "{line}");
         assert!(line.contains("apiserver_writes_per_job=5.00"), "{line}");
         assert!(line.contains("host_peak_rss_mib=40.5"), "{line}");
+        assert!(line.contains("scaleup_ms=1800 "), "{line}");
+        let missed = BenchReport {
+            scaleup: None,
+            ..report
+        };
+        assert!(missed.to_string().contains("scaleup_ms=never "), "{missed}");
     }
 }
