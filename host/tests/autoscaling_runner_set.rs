@@ -7,7 +7,6 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arcwright::actions::{ClientOptions, RetryPolicy};
 use arcwright::api::{
     AutoscalingRunnerSet, AutoscalingRunnerSetPhase, EphemeralRunner, EphemeralRunnerSet,
     EphemeralRunnerSetPhase, labels,
@@ -57,16 +56,7 @@ impl Harness {
             .await
             .expect("the fake starts");
         common::github_secret(env.client(), env.namespace(), fake.pat()).await;
-        let options = ClientOptions {
-            timeout: Duration::from_secs(5),
-            retry: RetryPolicy {
-                max_retries: 2,
-                base_delay: Duration::from_millis(10),
-                max_delay: Duration::from_millis(40),
-                max_retry_after: Duration::from_secs(1),
-            },
-            ..ClientOptions::default()
-        };
+        let options = common::fast_client_options();
         let listeners = InMemoryListeners::default();
         let metrics = ControllerMetrics::default();
         let engine = PolicyEngine::new(EngineConfig::default()).unwrap();

@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arcwright::actions::{
-    ActionsClient, ClientOptions, ConfigUrl, Credentials, JitRunnerSetting, RetryPolicy,
-    RunnerScaleSet, Secret as Token,
+    ActionsClient, ConfigUrl, Credentials, JitRunnerSetting, RunnerScaleSet, Secret as Token,
 };
 use arcwright::api::{DebugSpec, SecretKeyRef, SlackSpec};
 use arcwright::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec};
@@ -45,19 +44,6 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn fast_options() -> ClientOptions {
-    ClientOptions {
-        timeout: Duration::from_secs(5),
-        retry: RetryPolicy {
-            max_retries: 3,
-            base_delay: Duration::from_millis(10),
-            max_delay: Duration::from_millis(40),
-            max_retry_after: Duration::from_secs(2),
-        },
-        ..ClientOptions::default()
-    }
-}
 
 /// Fast versions of the production knobs.
 fn fast_settings() -> Settings {
@@ -101,7 +87,7 @@ impl World {
         let actions = ActionsClient::new(
             ConfigUrl::parse(&fake.org_url("octo")).unwrap(),
             Credentials::Token(Token::new(fake.pat())),
-            fast_options(),
+            common::fast_client_options(),
         )
         .unwrap();
         let set = actions
@@ -134,7 +120,7 @@ impl World {
         let client = self.env.client();
         let deps = Dependencies {
             client: client.clone(),
-            clients: ActionsClients::new(client.clone(), fast_options()),
+            clients: ActionsClients::new(client.clone(), common::fast_client_options()),
             loader: PolicyLoader::new(
                 PolicyEngine::new(EngineConfig::default()).unwrap(),
                 Some(client),

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arcwright::actions::{ClientOptions, RetryPolicy};
+use arcwright::actions::ClientOptions;
 use arcwright::api::{AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
 use arcwright::credentials::ActionsClients;
 use arcwright::runtime::leader::Election;
@@ -130,14 +130,7 @@ impl World {
         let fast = ClientOptions {
             // Still counted on the host's /metrics.
             metrics: shared.actions.metrics.clone(),
-            timeout: Duration::from_secs(5),
-            retry: RetryPolicy {
-                max_retries: 3,
-                base_delay: Duration::from_millis(10),
-                max_delay: Duration::from_millis(100),
-                max_retry_after: Duration::from_secs(2),
-            },
-            ..ClientOptions::default()
+            ..common::fast_client_options()
         };
         shared.clients = ActionsClients::new(client, fast.clone());
         shared.actions = fast;

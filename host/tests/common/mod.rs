@@ -42,6 +42,22 @@ pub async fn install_crds(client: kube::Client) -> usize {
     names.len()
 }
 
+/// Actions client options for tests: short timeouts and quick retries, so
+/// a fault the fake injects costs milliseconds, not the production backoff.
+#[allow(dead_code)] // not every test binary calls the Actions service
+pub fn fast_client_options() -> arcwright::actions::ClientOptions {
+    arcwright::actions::ClientOptions {
+        timeout: Duration::from_secs(5),
+        retry: arcwright::actions::RetryPolicy {
+            max_retries: 3,
+            base_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(100),
+            max_retry_after: Duration::from_secs(2),
+        },
+        ..arcwright::actions::ClientOptions::default()
+    }
+}
+
 /// Creates the Secret `github-auth` holding `token` under the key ARC's
 /// Secret uses, in `namespace`.
 #[allow(dead_code)] // not every test binary has a scale set
