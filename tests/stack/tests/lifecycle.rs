@@ -12,11 +12,12 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arcwright::api::{AutoscalingRunnerSet, AutoscalingRunnerSetPhase, EphemeralRunnerPhase};
+use arcwright::api::{AutoscalingRunnerSet, AutoscalingRunnerSetPhase};
 use arcwright::policy::PolicyKind;
 use arcwright_stack::{RUNNER_ENDPOINTS, ScaleSet, Stack, StackConfig};
 use fake_actions::{Endpoint, Fault, FaultKind};
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Event;
 use kube::runtime::{WatchStreamExt, watcher};
 use runner_simulator::{Fate, Rule, Scenario, Stage};
 
@@ -41,8 +42,11 @@ fn record_replicas(stack: &Stack) -> Arc<Mutex<Vec<i32>>> {
         watcher::watcher(stack.runner_sets(), watcher::Config::default()).applied_objects();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
-        while let Some(Ok(set)) = stream.next().await {
-            sink.lock().unwrap().push(set.spec.replicas);
+        // A watch error (a relist) is not the end of the record.
+        while let Some(event) = stream.next().await {
+            if let Ok(set) = event {
+                sink.lock().unwrap().push(set.spec.replicas);
+            }
         }
     });
     seen
@@ -177,24 +181,6 @@ async fn a_runner_that_keeps_failing_is_retried_then_given_up_and_replaced() {
     // The first five runner pods crash on start (exit 1, never connecting):
     // the runner's whole retry budget.
     stack.sim().add_rule(Rule::next(5, Scenario::fail()));
-    let failed = Arc::new(Mutex::new(BTreeSet::new()));
-    {
-        let failed = failed.clone();
-        let stream =
-            watcher::watcher(stack.runners(), watcher::Config::default()).applied_objects();
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(Ok(runner)) = stream.next().await {
-                let status = runner.status.unwrap_or_default();
-                if status.phase == Some(EphemeralRunnerPhase::Failed) {
-                    failed
-                        .lock()
-                        .unwrap()
-                        .insert((runner.metadata.name.unwrap(), status.failures.len()));
-                }
-            }
-        });
-    }
     stack
         .create_scale_set(&ScaleSet::new(SET, 1, 1))
         .await
@@ -217,10 +203,23 @@ async fn a_runner_that_keeps_failing_is_retried_then_given_up_and_replaced() {
         .await
         .unwrap();
     stack.settled_at(1).await.unwrap();
-    let given_up = failed.lock().unwrap().clone();
-    assert_eq!(given_up.len(), 1, "one runner gave up: {given_up:?}");
-    let (name, failures) = given_up.into_iter().next().unwrap();
-    assert_eq!(failures, 5, "{name} was tried five times");
+    // The runner said it gave up, on the fifth failed start.
+    let events: kube::Api<Event> = kube::Api::namespaced(stack.client(), stack.namespace());
+    let (name, message) = stack
+        .until("the runner reports it gave up", || async {
+            let events = events.list(&Default::default()).await.ok()?;
+            events.items.into_iter().find_map(|e| {
+                (e.reason.as_deref() == Some("RunnerFailed")).then(|| {
+                    (
+                        e.involved_object.name.unwrap_or_default(),
+                        e.message.unwrap_or_default(),
+                    )
+                })
+            })
+        })
+        .await
+        .unwrap();
+    assert!(message.contains("5 failed starts"), "{message}");
     let records = stack.sim().runners();
     assert_eq!(
         records
@@ -270,11 +269,12 @@ async fn an_outdated_runner_parks_the_set_until_the_spec_changes() {
         })
         .await
         .unwrap();
+    // Every runner pod so far was one that exits 7 (its pod may be gone
+    // already: the runner that reported Outdated is cleaned up).
     let outdated = stack.sim().runners();
     assert!(
-        outdated
-            .iter()
-            .all(|r| r.stage == Stage::Exited { code: 7 }),
+        outdated.iter().all(|r| r.scenario.fate == Fate::Outdated
+            && matches!(r.stage, Stage::Exited { code: 7 } | Stage::Deleted)),
         "{outdated:?}"
     );
     // A job that arrives while parked waits.
