@@ -169,17 +169,23 @@ fn build_host(release: bool) -> Vec<String> {
 /// started; xtask waits for that and passes its exit status on, rather
 /// than returning the prompt while the clean-up is still printing.
 fn run_stack_binary(bin: &str, release: bool, args: Vec<String>) -> Result<()> {
+    let command = stack_command(bin, release, args);
+    // SAFETY: installs the default "ignore" disposition; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+    }
+    cargo(&command)
+}
+
+/// `cargo run -q [--release] -p arcwright-stack --bin BIN -- ARGS`.
+fn stack_command(bin: &str, release: bool, args: Vec<String>) -> Vec<String> {
     let mut command = vec!["run".to_owned(), "-q".to_owned()];
     if release {
         command.push("--release".to_owned());
     }
     command.extend(["-p", "arcwright-stack", "--bin", bin, "--"].map(str::to_owned));
     command.extend(args);
-    // SAFETY: installs the default "ignore" disposition; no handler runs.
-    unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
-    }
-    cargo(&command)
+    command
 }
 
 /// The `cargo test` arguments for `cargo xtask test ARGS`.
@@ -306,6 +312,77 @@ mod tests {
             let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
             assert_eq!(test_command(args.clone()), *expected, "{args:?}");
         }
+    }
+
+    /// `bench scale` and `demo` pass their flags through untouched, to the
+    /// release build for the figures and the debug build for the demo.
+    #[test]
+    fn bench_scale_and_demo_reach_the_stack_binaries_with_their_flags() {
+        let cli = Cli::try_parse_from([
+            "xtask",
+            "bench",
+            "scale",
+            "--jobs",
+            "200",
+            "--max-runners",
+            "20",
+            "--help",
+        ])
+        .unwrap();
+        let Task::Bench { args } = cli.command else {
+            panic!("bench");
+        };
+        assert_eq!(
+            args,
+            ["scale", "--jobs", "200", "--max-runners", "20", "--help"]
+        );
+        assert_eq!(
+            stack_command("bench-scale", true, args[1..].to_vec()),
+            [
+                "run",
+                "-q",
+                "--release",
+                "-p",
+                "arcwright-stack",
+                "--bin",
+                "bench-scale",
+                "--",
+                "--jobs",
+                "200",
+                "--max-runners",
+                "20",
+                "--help"
+            ]
+        );
+        assert_eq!(
+            build_host(true),
+            [
+                "build",
+                "--release",
+                "-p",
+                "arcwright",
+                "--bin",
+                "arcwright"
+            ]
+        );
+        let cli = Cli::try_parse_from(["xtask", "demo", "--keep", "--help"]).unwrap();
+        let Task::Demo { args } = cli.command else {
+            panic!("demo");
+        };
+        assert_eq!(
+            stack_command("demo", false, args),
+            [
+                "run",
+                "-q",
+                "-p",
+                "arcwright-stack",
+                "--bin",
+                "demo",
+                "--",
+                "--keep",
+                "--help"
+            ]
+        );
     }
 
     /// The package description is what `cargo` and crates listings show:

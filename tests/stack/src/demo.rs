@@ -288,9 +288,11 @@ impl Display {
             ..
         } = self
         {
-            jobs.finish();
-            runners.finish();
-            policy.finish();
+            // `abandon` leaves each bar as last drawn; `finish` would fill
+            // the runners' bar to its length, which is not what is alive.
+            jobs.abandon();
+            runners.abandon();
+            policy.abandon();
         }
     }
 }
