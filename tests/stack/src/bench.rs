@@ -125,6 +125,7 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
 
     let host = stack.host().context("the host runs")?;
     let cpu_before = host.usage()?.cpu;
+    let neighbours_before = stack.neighbour_cpu()?;
     let calls_before = stack.host_actions_calls();
     let window_start = jiff::Timestamp::now();
     progress(&format!("enqueueing {jobs} jobs"));
@@ -155,6 +156,16 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
     let host = stack.host().context("the host runs")?;
     let usage = host.usage()?;
     let calls = stack.host_actions_calls() - calls_before;
+    let neighbours = stack.neighbour_cpu()?;
+    let [apiserver, etcd, driver] = [0, 1, 2].map(|i| {
+        neighbours[i]
+            .saturating_sub(neighbours_before[i])
+            .as_secs_f64()
+    });
+    progress(&format!(
+        "CPU over the run besides the host: kube-apiserver {apiserver:.2} s, etcd {etcd:.2} s, \
+         fake Actions service + simulator + this driver {driver:.2} s"
+    ));
     let window_end = jiff::Timestamp::now();
     stack.check_ledger(u64::from(jobs)).await?;
 
@@ -167,6 +178,21 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
         .map(|r| (r.pod, r.jobs))
         .collect();
     let cleanups = timeline.cleanups(&pod_jobs);
+    // A runner's start-up: its pod first seen to the job it ran started.
+    let startups: Vec<Duration> = pod_jobs
+        .iter()
+        .filter_map(|(pod, jobs)| {
+            let created = timeline.pod_created.get(pod)?;
+            let started = timeline.started.get(jobs.first()?)?;
+            Some(started.saturating_duration_since(*created))
+        })
+        .collect();
+    if let Some(p50) = percentile(&startups, 50) {
+        progress(&format!(
+            "runner pod created to its job started: p50 {} ms",
+            p50.as_millis()
+        ));
+    }
     watch.abort();
     if let Some(at) = *decided.lock().unwrap_or_else(|p| p.into_inner()) {
         progress(&format!(

@@ -199,15 +199,7 @@ impl HostProcess {
 
     /// CPU time and peak memory, from `/proc/PID/stat` and `/proc/PID/status`.
     pub fn usage(&self) -> Result<Usage> {
-        let pid = self.process.pid();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .context("reading /proc/PID/stat")?;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .context("reading /proc/PID/status")?;
-        // SAFETY: sysconf only reads a constant.
-        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        let ticks = u64::try_from(ticks).ok().filter(|&t| t > 0).unwrap_or(100);
-        parse_usage(&stat, &status, ticks).context("parsing /proc")
+        process_usage(self.process.pid())
     }
 
     /// The last `lines` lines of its log.
@@ -219,6 +211,19 @@ impl HostProcess {
     pub fn log_path(&self) -> &Path {
         &self.log
     }
+}
+
+/// CPU time and peak memory of process `pid`, from `/proc/PID/stat` and
+/// `/proc/PID/status`.
+pub fn process_usage(pid: u32) -> Result<Usage> {
+    let stat =
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).context("reading /proc/PID/stat")?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .context("reading /proc/PID/status")?;
+    // SAFETY: sysconf only reads a constant.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ticks = u64::try_from(ticks).ok().filter(|&t| t > 0).unwrap_or(100);
+    parse_usage(&stat, &status, ticks).context("parsing /proc")
 }
 
 /// The `address` of the first JSON log line saying the endpoints serve.

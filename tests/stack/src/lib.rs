@@ -42,7 +42,7 @@ use kube::runtime::wait::{await_condition, conditions};
 use runner_simulator::{Scenario, Simulator, SimulatorConfig};
 use serde_json::json;
 
-pub use host::{HostProcess, Usage, arcwright_binary};
+pub use host::{HostProcess, Usage, arcwright_binary, process_usage};
 
 /// The endpoints only runners call (the simulator plays them); every other
 /// endpoint of the fake is called by the host alone.
@@ -323,6 +323,21 @@ impl Stack {
             .map(|(name, pid)| format!("{name}={pid}"))
             .collect::<Vec<_>>()
             .join(" ")
+    }
+
+    /// CPU time used so far by the API server, etcd, and this process (the
+    /// fake and the simulator, with whatever else the caller runs), from
+    /// `/proc`: where a run's time goes besides the host.
+    pub fn neighbour_cpu(&self) -> Result<[Duration; 3]> {
+        let pids = self.plane.get().pids();
+        let cpu = |pid: Option<&u32>| -> Result<Duration> {
+            Ok(process_usage(*pid.context("a control plane process")?)?.cpu)
+        };
+        Ok([
+            cpu(pids.first())?,
+            cpu(pids.get(1))?,
+            process_usage(std::process::id())?.cpu,
+        ])
     }
 
     /// The fake Actions service.
