@@ -261,6 +261,10 @@ pub struct Shared {
     pub reconcile_concurrency: u16,
     /// How many workers the unregistration pool runs.
     pub unregistration_workers: u16,
+    /// Failed starts before a runner is given up.
+    pub runner_failure_limit: u16,
+    /// The first wait between a runner's failed starts.
+    pub runner_failure_backoff: Duration,
     /// One Actions client per GitHub credential, shared by the
     /// controllers, the unregistration pool and the listeners.
     pub clients: ActionsClients,
@@ -385,6 +389,8 @@ impl Shared {
             actions,
             reconcile_concurrency: options.controllers.reconcile_concurrency,
             unregistration_workers: options.controllers.unregistration_workers,
+            runner_failure_limit: options.controllers.runner_failure_limit,
+            runner_failure_backoff: options.controllers.runner_failure_backoff,
         })
     }
 }
@@ -722,6 +728,8 @@ mod tests {
             controllers: ControllerOptions {
                 reconcile_concurrency: 3,
                 unregistration_workers: 5,
+                runner_failure_limit: 5,
+                runner_failure_backoff: Duration::from_secs(5),
             },
             shutdown: ShutdownOptions {
                 shutdown_timeout: Duration::from_secs(10),

@@ -297,6 +297,26 @@ pub struct ControllerOptions {
         value_parser = clap::value_parser!(u16).range(4..)
     )]
     pub unregistration_workers: u16,
+    /// Failed starts of a runner (a pod that fails before it runs a job)
+    /// before it is marked Failed and its set replaces it (ARC: 5).
+    #[arg(
+        long,
+        env = "ARCWRIGHT_RUNNER_FAILURE_LIMIT",
+        value_name = "N",
+        default_value_t = 5,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub runner_failure_limit: u16,
+    /// The wait before a failed runner's second start, doubled for each
+    /// further failure up to 80 s (ARC: 5 s).
+    #[arg(
+        long,
+        env = "ARCWRIGHT_RUNNER_FAILURE_BACKOFF",
+        value_name = "DURATION",
+        default_value = "5s",
+        value_parser = parse_positive_duration
+    )]
+    pub runner_failure_backoff: Duration,
 }
 
 /// How shutdown is bounded.
@@ -377,6 +397,8 @@ mod tests {
                 ControllerOptions {
                     reconcile_concurrency,
                     unregistration_workers,
+                    runner_failure_limit,
+                    runner_failure_backoff,
                 },
             shutdown: ShutdownOptions { shutdown_timeout },
             election,
@@ -400,6 +422,8 @@ mod tests {
         assert_eq!(log_level, "info");
         assert_eq!(reconcile_concurrency, 8);
         assert_eq!(unregistration_workers, 4);
+        assert_eq!(runner_failure_limit, 5);
+        assert_eq!(runner_failure_backoff, Duration::from_secs(5));
         assert_eq!(shutdown_timeout, Duration::from_secs(25));
     }
 
@@ -426,6 +450,8 @@ mod tests {
             ),
             (&["--reconcile-concurrency", "0"], "not in 1.."),
             (&["--unregistration-workers", "2"], "not in 4.."),
+            (&["--runner-failure-limit", "0"], "not in 1.."),
+            (&["--runner-failure-backoff", "0s"], "is zero"),
             (
                 &["--shutdown-timeout", "soon"],
                 "is not a duration like 25s",

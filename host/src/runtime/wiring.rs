@@ -52,6 +52,7 @@ fn synced_all(gate: &ReadinessGate, instances: usize) -> Synced {
 
 /// The EphemeralRunner controller and its unregistration pool (seed 000).
 async fn ephemeral_runners(ctx: Context) -> Result<(), BoxError> {
+    use controllers::ephemeral_runner::plan::Settings;
     use controllers::ephemeral_runner::{self, Config, Dependencies};
     let shared = &ctx.shared;
     let scopes = namespaces(&shared.scope);
@@ -75,6 +76,11 @@ async fn ephemeral_runners(ctx: Context) -> Result<(), BoxError> {
             pool: pool.clone(),
             concurrency: shared.reconcile_concurrency,
             slack: shared.debug.slack.clone(),
+            settings: Settings {
+                failure_limit: usize::from(shared.runner_failure_limit),
+                backoff_base: shared.runner_failure_backoff,
+                ..Settings::default()
+            },
             ..Config::default()
         };
         ephemeral_runner::run(deps.clone(), config, ctx.shutdown.clone(), synced.clone())

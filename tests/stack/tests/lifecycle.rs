@@ -177,7 +177,11 @@ async fn a_scaling_policy_swapped_in_its_config_map_decides_the_next_burst() {
 
 #[tokio::test]
 async fn a_runner_that_keeps_failing_is_retried_then_given_up_and_replaced() {
-    let stack = stack("failing", Scenario::succeed()).await;
+    // The production backoff (5 s doubling) would spend a minute and a half
+    // waiting; the sequence is the same with a short one.
+    let mut config = StackConfig::new("failing");
+    config.host_args = vec!["--runner-failure-backoff".into(), "200ms".into()];
+    let stack = Stack::start(config).await.expect("the stack starts");
     // The first five runner pods crash on start (exit 1, never connecting):
     // the runner's whole retry budget.
     stack.sim().add_rule(Rule::next(5, Scenario::fail()));
