@@ -18,8 +18,7 @@ use arcwright::slack::{InteractionsConfig, interactions, router};
 use arcwright_harness::TestEnv;
 use fake_slack::Interaction;
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{Container, PodSpec, ServiceAccount};
+use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -245,14 +244,7 @@ async fn send_with_signature_of(body: &Interaction, signed: &Interaction, url: &
 async fn service_account(world: &World, name: &str, allowed: bool) -> String {
     let ns = world.env.namespace();
     let client = world.env.client();
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    accounts
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
-        )
-        .await
-        .unwrap();
+    let token = common::service_account_token(client.clone(), ns, name).await;
     if allowed {
         let roles: Api<Role> = Api::namespaced(client.clone(), ns);
         roles
@@ -280,16 +272,7 @@ async fn service_account(world: &World, name: &str, allowed: bool) -> String {
             .await
             .unwrap();
     }
-    let request = json!({
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 600},
-    });
-    let issued: TokenRequest = accounts
-        .create_subresource("token", name, &PostParams::default(), &request)
-        .await
-        .unwrap();
-    issued.status.unwrap().token.expect("a token was issued")
+    token
 }
 
 /// Calls the hold API; returns the status and the JSON answer.

@@ -23,8 +23,7 @@ use arcwright_harness::TestEnv;
 use clap::Parser;
 use fake_actions::{Endpoint, FakeActions, FakeConfig, JobSpec, Ledger};
 use futures::StreamExt;
-use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use runner_simulator::{Simulator, SimulatorConfig};
@@ -223,6 +222,24 @@ impl World {
             .create(&PostParams::default(), &set)
             .await
             .unwrap();
+    }
+
+    /// Deletes the scale set and waits until it is gone (its finalizer
+    /// released, so its runners and registrations went first).
+    async fn delete_set(&self) {
+        self.sets()
+            .delete(NAME, &DeleteParams::default())
+            .await
+            .unwrap();
+        self.until("the scale set is gone", || async {
+            self.sets()
+                .get_opt(NAME)
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        })
+        .await;
     }
 
     /// Polls `probe` until it answers.
@@ -613,22 +630,7 @@ async fn deleting_the_scale_set_removes_runners_registrations_and_the_scale_set(
         .await;
     let id = World::scale_set_id(&set);
 
-    world
-        .sets()
-        .delete(NAME, &DeleteParams::default())
-        .await
-        .unwrap();
-    world
-        .until("the set is gone", || async {
-            world
-                .sets()
-                .get_opt(NAME)
-                .await
-                .unwrap()
-                .is_none()
-                .then_some(())
-        })
-        .await;
+    world.delete_set().await;
     world.settled_at(0).await;
     let control = world.fake.control();
     assert!(!control.has_session(id), "the listener stopped first");
@@ -933,7 +935,7 @@ async fn the_charts_rbac_is_enough_and_every_rule_it_grants_is_used() {
     world.settled_at(0).await;
 
     // The hold API, called by someone with a token: reviewed, then refused.
-    let token = service_account_token(&world, "someone").await;
+    let token = common::service_account_token(world.env.client(), &ns, "someone").await;
     let hold = reqwest::Client::new()
         .post(format!(
             "{}/api/v1/namespaces/{ns}/ephemeralrunners/absent/hold",
@@ -946,22 +948,7 @@ async fn the_charts_rbac_is_enough_and_every_rule_it_grants_is_used() {
         .unwrap();
     assert_eq!(hold.status(), 403, "{:?}", hold.text().await);
 
-    world
-        .sets()
-        .delete(NAME, &DeleteParams::default())
-        .await
-        .unwrap();
-    world
-        .until("the scale set is gone", || async {
-            world
-                .sets()
-                .get_opt(NAME)
-                .await
-                .unwrap()
-                .is_none()
-                .then_some(())
-        })
-        .await;
+    world.delete_set().await;
     world.stop_host().await;
     assert_nothing_leaked(&world.ledger(), 0);
 
@@ -988,26 +975,4 @@ async fn the_charts_rbac_is_enough_and_every_rule_it_grants_is_used() {
     );
     let stale: Vec<&Call> = allowed.iter().filter(|c| called.contains(*c)).collect();
     assert!(stale.is_empty(), "called after all: {stale:?}");
-}
-
-/// A ServiceAccount with no permissions and a token for it.
-async fn service_account_token(world: &World, name: &str) -> String {
-    let accounts: Api<ServiceAccount> = Api::namespaced(world.env.client(), world.env.namespace());
-    accounts
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
-        )
-        .await
-        .unwrap();
-    let request = json!({
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 600},
-    });
-    let issued: TokenRequest = accounts
-        .create_subresource("token", name, &PostParams::default(), &request)
-        .await
-        .unwrap();
-    issued.status.unwrap().token.expect("a token was issued")
 }

@@ -58,6 +58,32 @@ pub fn fast_client_options() -> arcwright::actions::ClientOptions {
     }
 }
 
+/// Creates the ServiceAccount `name` in `namespace`, with no permissions,
+/// and returns a token for it (a TokenRequest, ten minutes).
+#[allow(dead_code)] // the binaries that call an authenticated endpoint
+pub async fn service_account_token(client: kube::Client, namespace: &str, name: &str) -> String {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client, namespace);
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let request = serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 600},
+    });
+    let issued: TokenRequest = accounts
+        .create_subresource("token", name, &PostParams::default(), &request)
+        .await
+        .unwrap();
+    issued.status.unwrap().token.expect("a token was issued")
+}
+
 /// Creates the Secret `github-auth` holding `token` under the key ARC's
 /// Secret uses, in `namespace`.
 #[allow(dead_code)] // not every test binary has a scale set

@@ -37,20 +37,26 @@ use crate::{ScaleSet, Stack, StackConfig};
 /// The scale set's name, and the jobs' only label.
 const SET: &str = "bench";
 
-/// One benchmark run.
-#[derive(Debug, Clone)]
+/// One benchmark run; also `bench-scale`'s command line.
+#[derive(Debug, Clone, clap::Args)]
 pub struct BenchOptions {
     /// Jobs, all enqueued at once.
+    #[arg(long, default_value_t = 200)]
     pub jobs: u32,
-    /// The scale set's `maxRunners` (`minRunners` is 0).
+    /// The scale set's maxRunners (minRunners is 0).
+    #[arg(long, default_value_t = 20)]
     pub max_runners: u32,
-    /// How long each job runs once started.
+    /// How long each job runs once started, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
     pub job_ms: u64,
-    /// Each job's duration varies by up to this percentage either way.
+    /// Vary each job's duration by up to this percentage either way.
+    #[arg(long, default_value_t = 0)]
     pub jitter_pct: u32,
-    /// Seeds the jitter.
+    /// Seeds the jitter: the same seed gives the same scenario.
+    #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Extra `arcwright run` flags.
+    /// Extra `arcwright run` flags, after `--`.
+    #[arg(last = true)]
     pub host_args: Vec<String>,
 }
 

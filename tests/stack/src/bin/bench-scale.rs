@@ -12,43 +12,12 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(name = "bench-scale")]
 struct Args {
-    /// Jobs, all enqueued at once.
-    #[arg(long, default_value_t = 200)]
-    jobs: u32,
-    /// The scale set's maxRunners.
-    #[arg(long, default_value_t = 20)]
-    max_runners: u32,
-    /// How long each job runs, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
-    job_ms: u64,
-    /// Vary each job's duration by up to this percentage either way.
-    #[arg(long, default_value_t = 0)]
-    jitter_pct: u32,
-    /// Seeds the jitter: the same seed gives the same scenario.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Extra `arcwright run` flags, after `--`.
-    #[arg(last = true)]
-    host_args: Vec<String>,
+    #[command(flatten)]
+    options: BenchOptions,
 }
 
 fn main() -> ExitCode {
-    let Args {
-        jobs,
-        max_runners,
-        job_ms,
-        jitter_pct,
-        seed,
-        host_args,
-    } = Args::parse();
-    let options = BenchOptions {
-        jobs,
-        max_runners,
-        job_ms,
-        jitter_pct,
-        seed,
-        host_args,
-    };
+    let options = Args::parse().options;
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let result = runtime.block_on(async {
         tokio::select! {
