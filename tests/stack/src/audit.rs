@@ -12,7 +12,7 @@
 //! watch one `ResponseStarted` plus one `ResponseComplete` when it ends;
 //! counting distinct `auditID`s counts each request once either way.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use serde::Deserialize;
@@ -43,13 +43,16 @@ pub fn write_policy(path: &Path) -> std::io::Result<()> {
 }
 
 /// Requests of one user in a time window.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Requests {
     /// Every request (reads, watches and writes).
     pub total: u64,
     /// Those that change something: create, update, patch, delete,
     /// deletecollection.
     pub writes: u64,
+    /// The same requests by `verb resource[/subresource]`, for telling what
+    /// a figure is made of.
+    pub by_kind: BTreeMap<String, u64>,
 }
 
 #[derive(Deserialize)]
@@ -60,6 +63,16 @@ struct Event {
     verb: String,
     user: User,
     request_received_timestamp: jiff::Timestamp,
+    #[serde(default)]
+    object_ref: Option<ObjectRef>,
+}
+
+#[derive(Deserialize)]
+struct ObjectRef {
+    #[serde(default)]
+    resource: String,
+    #[serde(default)]
+    subresource: String,
 }
 
 #[derive(Deserialize)]
@@ -86,6 +99,12 @@ pub fn count(log: &str, username: &str, from: jiff::Timestamp, to: jiff::Timesta
             continue;
         }
         requests.total += 1;
+        let kind = match &event.object_ref {
+            Some(r) if r.subresource.is_empty() => format!("{} {}", event.verb, r.resource),
+            Some(r) => format!("{} {}/{}", event.verb, r.resource, r.subresource),
+            None => event.verb.clone(),
+        };
+        *requests.by_kind.entry(kind).or_default() += 1;
         if matches!(
             event.verb.as_str(),
             "create" | "update" | "patch" | "delete" | "deletecollection"
@@ -166,17 +185,29 @@ mod tests {
                 "2026-01-01T09:59:59.000000Z",
                 "ResponseComplete",
             ),
+            serde_json::json!({
+                "auditID": "h", "verb": "patch", "stage": "ResponseComplete",
+                "user": {"username": host},
+                "objectRef": {"resource": "ephemeralrunners", "subresource": "status"},
+                "requestReceivedTimestamp": "2026-01-01T10:00:05.000000Z",
+            })
+            .to_string(),
             "{\"kind\":\"Event\",\"auditID\":\"g\",\"ver".to_owned(),
         ]
         .join("\n");
         let from: jiff::Timestamp = "2026-01-01T10:00:00Z".parse().unwrap();
         let to: jiff::Timestamp = "2026-01-01T10:01:00Z".parse().unwrap();
+        let counted = count(&log, host, from, to);
+        assert_eq!((counted.total, counted.writes), (5, 3));
         assert_eq!(
-            count(&log, host, from, to),
-            Requests {
-                total: 4,
-                writes: 2
-            }
+            counted.by_kind.into_iter().collect::<Vec<_>>(),
+            [
+                ("create".to_owned(), 1),
+                ("get".to_owned(), 1),
+                ("patch".to_owned(), 1),
+                ("patch ephemeralrunners/status".to_owned(), 1),
+                ("watch".to_owned(), 1)
+            ]
         );
         assert_eq!(count(&log, "nobody", from, to), Requests::default());
     }

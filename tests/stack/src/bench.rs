@@ -132,7 +132,7 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
     let host = stack.host().context("the host runs")?;
     let cpu_before = host.usage()?.cpu;
     let neighbours_before = stack.neighbour_cpu()?;
-    let calls_before = stack.host_actions_calls();
+    let calls_before = stack.host_actions_calls_by_endpoint();
     let window_start = jiff::Timestamp::now();
     progress(&format!("enqueueing {jobs} jobs"));
     let started = Instant::now();
@@ -161,7 +161,14 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
         .await?;
     let host = stack.host().context("the host runs")?;
     let usage = host.usage()?;
-    let calls = stack.host_actions_calls() - calls_before;
+    let calls_by_endpoint: Vec<(fake_actions::Endpoint, u64)> = stack
+        .host_actions_calls_by_endpoint()
+        .into_iter()
+        .zip(&calls_before)
+        .map(|((endpoint, after), (_, before))| (endpoint, after - before))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let calls = calls_by_endpoint.iter().map(|(_, n)| n).sum();
     let neighbours = stack.neighbour_cpu()?;
     let [apiserver, etcd, driver] = [0, 1, 2].map(|i| {
         neighbours[i]
@@ -219,6 +226,24 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
     let requests = stack
         .host_apiserver_requests(window_start, window_end)
         .context("the audit log is readable")?;
+    let per_job = |n: u64| n as f64 / f64::from(jobs);
+    progress(&format!(
+        "Actions calls per job by endpoint: {}",
+        breakdown(
+            calls_by_endpoint
+                .iter()
+                .map(|(e, n)| (e.to_string(), per_job(*n)))
+        )
+    ));
+    progress(&format!(
+        "API server requests per job by kind: {}",
+        breakdown(
+            requests
+                .by_kind
+                .iter()
+                .map(|(k, n)| (k.clone(), per_job(*n)))
+        )
+    ));
     Ok(BenchReport {
         jobs: u64::from(jobs),
         wall: done - started,
@@ -232,6 +257,17 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
         host_cpu: usage.cpu.saturating_sub(cpu_before),
         host_peak_rss_bytes: usage.peak_rss_bytes,
     })
+}
+
+/// `name value` pairs, largest first, to two decimals.
+fn breakdown(items: impl Iterator<Item = (String, f64)>) -> String {
+    let mut items: Vec<(String, f64)> = items.collect();
+    items.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    items
+        .iter()
+        .map(|(name, value)| format!("{name} {value:.2}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Consecutive equal durations grouped, so that a run without jitter is

@@ -566,12 +566,21 @@ impl Stack {
     /// Calls the host made to the fake so far: every endpoint but the
     /// runners' own.
     pub fn host_actions_calls(&self) -> u64 {
+        self.host_actions_calls_by_endpoint()
+            .iter()
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// [`Self::host_actions_calls`] by endpoint, in [`Endpoint::ALL`]'s
+    /// order.
+    pub fn host_actions_calls_by_endpoint(&self) -> Vec<(Endpoint, u64)> {
         let counters = self.fake.control().counters();
         Endpoint::ALL
             .into_iter()
             .filter(|e| !RUNNER_ENDPOINTS.contains(e))
-            .map(|e| counters.calls(e))
-            .sum()
+            .map(|e| (e, counters.calls(e)))
+            .collect()
     }
 
     /// The host's API server requests received in `[from, to]`, from the
