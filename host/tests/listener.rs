@@ -98,6 +98,9 @@ fn spec(service: &Service, min: u32, max: u32, policy: Option<PolicyRef>) -> Lis
             max: Duration::from_millis(200),
         },
         metrics: ListenerMetrics::default(),
+        // Most tests follow messages one by one; the window has a test of
+        // its own.
+        batch_window: Duration::ZERO,
     }
 }
 
@@ -408,6 +411,49 @@ async fn burst_and_back(min: u32) {
             if d.desired == 4 && d.policy == "builtin:default" && d.fallback_reason.is_none())),
         "{updates:#?}"
     );
+
+    pool.stop().await;
+    running.handle.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_batch_window_gathers_the_job_events_of_a_burst_into_few_messages() {
+    let service = service().await;
+    let window = Duration::from_millis(600);
+    let mut spec = spec(&service, 0, 4, None);
+    spec.batch_window = window;
+    let running = start(&service, spec);
+    status_after(&running, 0, listening).await;
+    let pool = Pool::start(&service, &running.target);
+    let control = service.fake.control();
+    let acks_before = control.counters().calls(Endpoint::DeleteMessage);
+    let started = std::time::Instant::now();
+    control.enqueue_jobs(JobSpec::new(12, &[LABEL]).lasting(Duration::from_millis(200)));
+
+    // The first message of the burst is not held back: the decision
+    // reaches maxRunners within the first window.
+    patches_until(&running.target, |p| p.iter().any(|p| p.replicas == 4)).await;
+    control
+        .wait_until(WAIT, |s| s.ledger.jobs_succeeded == 12)
+        .await
+        .unwrap_or_else(|s| panic!("the jobs did not all run: {:?}", s.jobs));
+    // Every start and end is still recorded, only in fewer messages.
+    running
+        .jobs
+        .records()
+        .wait_until(WAIT, |r| r.len() == 24)
+        .await
+        .unwrap_or_else(|r| panic!("not every job was recorded: {r:#?}"));
+    let elapsed = started.elapsed();
+    // 48 job events (available, assigned, started, completed per job),
+    // at most one message per window, the first at once.
+    let messages = control.counters().calls(Endpoint::DeleteMessage) - acks_before;
+    let bound = 1 + (elapsed.as_millis() / window.as_millis()) as u64;
+    assert!(
+        messages <= bound,
+        "{messages} messages in {elapsed:?}: more than one per {window:?}"
+    );
+    assert!(messages < 48, "{messages} messages for 48 job events");
 
     pool.stop().await;
     running.handle.stop().await.unwrap();

@@ -40,6 +40,7 @@ const VARS: &[&str] = &[
     "ARCWRIGHT_SLACK_API_URL",
     "ARCWRIGHT_SLACK_SIGNING_SECRET_FILE",
     "ARCWRIGHT_SLACK_EXTEND_BY",
+    "ARCWRIGHT_MESSAGE_BATCH_WINDOW",
 ];
 
 /// Parses `args` with exactly the `env` variables of ours set.
@@ -89,6 +90,7 @@ fn expected() -> RunOptions {
             unregistration_workers: 12,
             runner_failure_limit: 3,
             runner_failure_backoff: Duration::from_millis(500),
+            message_batch_window: Duration::from_millis(250),
         },
         shutdown: ShutdownOptions {
             shutdown_timeout: Duration::from_secs(90),
@@ -134,6 +136,8 @@ fn every_flag_is_read() {
             "3",
             "--runner-failure-backoff",
             "500ms",
+            "--message-batch-window",
+            "250ms",
             "--shutdown-timeout",
             "1m30s",
             "--leader-elect",
@@ -172,6 +176,7 @@ fn every_flag_falls_back_to_its_environment_variable() {
             ("ARCWRIGHT_UNREGISTRATION_WORKERS", "12"),
             ("ARCWRIGHT_RUNNER_FAILURE_LIMIT", "3"),
             ("ARCWRIGHT_RUNNER_FAILURE_BACKOFF", "500ms"),
+            ("ARCWRIGHT_MESSAGE_BATCH_WINDOW", "250ms"),
             ("ARCWRIGHT_SHUTDOWN_TIMEOUT", "90s"),
             ("ARCWRIGHT_LEADER_ELECT", "true"),
             ("ARCWRIGHT_LEADER_ELECTION_NAMESPACE", "arcwright-system"),

@@ -39,6 +39,12 @@
 //! everything in memory. [`Supervisor`] runs one listener per scale set for
 //! the AutoscalingRunnerSet controller.
 
+/// The default [`ListenerSpec::batch_window`]: under a steady stream of
+/// jobs a message then carries about two seconds of job events (the
+/// service's 50 at 25 events a second), which brings polls and
+/// acknowledgements to about a tenth of a call per job.
+pub const DEFAULT_BATCH_WINDOW: std::time::Duration = std::time::Duration::from_secs(2);
+
 mod backoff;
 mod batch;
 pub mod cluster;
@@ -88,6 +94,22 @@ pub struct ListenerSpec {
     pub scaling_policy: Option<PolicyRef>,
     /// How long to wait between failed attempts.
     pub backoff: Backoff,
+    /// The least time from one message to the next poll.
+    ///
+    /// The service batches whatever job messages are pending when a poll
+    /// arrives (up to 50) into one message, and every message costs two
+    /// calls, the poll and its acknowledgement. A listener that polls again
+    /// the moment it has handled a message gets, under a burst, a message
+    /// per handful of job events: about two calls per job on top of its
+    /// JIT config. Waiting a moment lets the events of many jobs gather in
+    /// one message instead. It delays nothing that decides capacity: the
+    /// first message of a burst reaches a listener already waiting in its
+    /// long poll, every message carries the service's statistics as of its
+    /// delivery (not as of its oldest event), and a decision is applied as
+    /// soon as its message is handled. What waits is the bookkeeping of
+    /// jobs started and completed, by at most this long. An empty long poll
+    /// is followed by the next poll at once.
+    pub batch_window: std::time::Duration,
     /// Where the service's statistics and the decisions are reported.
     pub metrics: ListenerMetrics,
 }

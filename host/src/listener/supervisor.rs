@@ -38,6 +38,7 @@ pub struct Supervisor {
     recorder: Recorder,
     owner: String,
     backoff: Backoff,
+    batch_window: std::time::Duration,
     metrics: ListenerMetrics,
     shutdown: CancellationToken,
     running: Mutex<HashMap<Key, (ListenerConfig, ListenerHandle)>>,
@@ -63,6 +64,7 @@ impl Supervisor {
             view,
             owner,
             backoff: Backoff::default(),
+            batch_window: super::DEFAULT_BATCH_WINDOW,
             metrics: ListenerMetrics::default(),
             shutdown,
             running: Mutex::new(HashMap::new()),
@@ -73,6 +75,14 @@ impl Supervisor {
     /// to a minute).
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
+        self
+    }
+
+    /// Listeners wait this long from a message to their next poll
+    /// ([`ListenerSpec::batch_window`]; [`super::DEFAULT_BATCH_WINDOW`]
+    /// unless told).
+    pub fn with_batch_window(mut self, window: std::time::Duration) -> Self {
+        self.batch_window = window;
         self
     }
 
@@ -119,6 +129,7 @@ impl Supervisor {
             scaling_policy: config.scaling_policy.clone(),
             metrics: self.metrics.clone(),
             backoff: self.backoff,
+            batch_window: self.batch_window,
         }
     }
 }
@@ -179,7 +190,8 @@ impl ListenerControl for Supervisor {
                 &config.namespace,
                 &config.runner_set_name,
             ),
-            RunnerJobs::new(self.kube.clone(), &config.namespace),
+            RunnerJobs::new(self.kube.clone(), &config.namespace)
+                .recording_successes(config.holds_failures),
             status,
             &self.shutdown,
         );

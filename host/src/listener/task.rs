@@ -50,6 +50,9 @@ struct Memory {
     unacquired: Vec<i64>,
     /// The last decision's runner count, for its metric's direction.
     desired: Option<u32>,
+    /// When the last message arrived, if the next poll is still to wait
+    /// out the batch window.
+    message_received: Option<std::time::Instant>,
 }
 
 impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
@@ -71,6 +74,7 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
             statistics: None,
             unacquired: Vec::new(),
             desired: None,
+            message_received: None,
         };
         loop {
             let created = tokio::select! {
@@ -124,6 +128,17 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
         self.decide(decider, memory).await;
         let mut last_message_id = 0;
         loop {
+            if let Some(received) = memory.message_received.take() {
+                // See `ListenerSpec::batch_window`.
+                let rest = self.spec.batch_window.saturating_sub(received.elapsed());
+                if !rest.is_zero() {
+                    tokio::select! {
+                        biased;
+                        () = self.shutdown.cancelled() => return Ended::Shutdown,
+                        () = tokio::time::sleep(rest) => {}
+                    }
+                }
+            }
             let polled = tokio::select! {
                 biased;
                 () = self.shutdown.cancelled() => return Ended::Shutdown,
@@ -132,6 +147,7 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
             let handled = match polled {
                 Ok(None) => Ok(()),
                 Ok(Some(message)) => {
+                    memory.message_received = Some(std::time::Instant::now());
                     let handled = self.handle(session, &message, memory).await;
                     // Past a message only once it is acknowledged: one
                     // whose acknowledgement failed is delivered again.

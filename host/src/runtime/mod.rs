@@ -265,6 +265,8 @@ pub struct Shared {
     pub runner_failure_limit: u16,
     /// The first wait between a runner's failed starts.
     pub runner_failure_backoff: Duration,
+    /// The least time from a message to a listener's next poll.
+    pub message_batch_window: Duration,
     /// One Actions client per GitHub credential, shared by the
     /// controllers, the unregistration pool and the listeners.
     pub clients: ActionsClients,
@@ -391,6 +393,7 @@ impl Shared {
             unregistration_workers: options.controllers.unregistration_workers,
             runner_failure_limit: options.controllers.runner_failure_limit,
             runner_failure_backoff: options.controllers.runner_failure_backoff,
+            message_batch_window: options.controllers.message_batch_window,
         })
     }
 }
@@ -730,6 +733,7 @@ mod tests {
                 unregistration_workers: 5,
                 runner_failure_limit: 5,
                 runner_failure_backoff: Duration::from_secs(5),
+                message_batch_window: Duration::from_secs(2),
             },
             shutdown: ShutdownOptions {
                 shutdown_timeout: Duration::from_secs(10),

@@ -317,6 +317,18 @@ pub struct ControllerOptions {
         value_parser = parse_positive_duration
     )]
     pub runner_failure_backoff: Duration,
+    /// The least time from one Actions message to a listener's next poll,
+    /// so that a burst's job events arrive in a few large messages rather
+    /// than many small ones (each costs a poll and an acknowledgement).
+    /// Scaling decisions are not delayed by it; `0s` polls at once.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_MESSAGE_BATCH_WINDOW",
+        value_name = "DURATION",
+        default_value = "2s",
+        value_parser = parse_duration
+    )]
+    pub message_batch_window: Duration,
 }
 
 /// How shutdown is bounded.
@@ -399,6 +411,7 @@ mod tests {
                     unregistration_workers,
                     runner_failure_limit,
                     runner_failure_backoff,
+                    message_batch_window,
                 },
             shutdown: ShutdownOptions { shutdown_timeout },
             election,
@@ -424,6 +437,7 @@ mod tests {
         assert_eq!(unregistration_workers, 4);
         assert_eq!(runner_failure_limit, 5);
         assert_eq!(runner_failure_backoff, Duration::from_secs(5));
+        assert_eq!(message_batch_window, Duration::from_secs(2));
         assert_eq!(shutdown_timeout, Duration::from_secs(25));
     }
 
@@ -457,6 +471,7 @@ mod tests {
                 "is not a duration like 25s",
             ),
             (&["--shutdown-timeout=-5s"], "is negative"),
+            (&["--message-batch-window", "a while"], "is not a duration"),
             (&["--slack-extend-by", "0s"], "is zero"),
             (&["--slack-api-url", "slack"], "relative URL without a base"),
         ];

@@ -144,7 +144,8 @@ async fn autoscaling_runner_sets(ctx: Context) -> Result<(), BoxError> {
         shared.owner.clone(),
         listeners_stop.clone(),
     )
-    .with_metrics(shared.listeners.clone());
+    .with_metrics(shared.listeners.clone())
+    .with_batch_window(shared.message_batch_window);
     let context = Arc::new(
         SetContext::new(
             shared.client.clone(),
