@@ -15,6 +15,7 @@ use arcwright::api::{
     EphemeralRunnerSetStatus, EphemeralRunnerSpec,
 };
 use arcwright::controllers::Synced;
+use arcwright::controllers::ephemeral_runner::FINALIZER as RUNNER_FINALIZER;
 use arcwright::controllers::ephemeral_runner_set::{
     self as controller, Context, FINALIZER, SetMetrics, annotations, labels,
 };
@@ -41,6 +42,10 @@ impl Harness {
     async fn new(name: &str) -> Self {
         let env = TestEnv::new(name).await;
         common::install_crds(env.client()).await;
+        tokio::spawn(release_runner_finalizers(Api::namespaced(
+            env.client(),
+            env.namespace(),
+        )));
         let mut harness = Self {
             env,
             metrics: SetMetrics::default(),
@@ -264,6 +269,50 @@ impl Harness {
             )
             .await
             .unwrap();
+    }
+}
+
+/// Plays the runner controller's finalizer: a runner is born with it (the
+/// set creates it so; asserted here), and with nothing it owns to clean up
+/// in these tests, it is released as soon as the runner is deleted. Tests that need a deleted runner
+/// kept hold their own finalizer ([`HOLD`]).
+async fn release_runner_finalizers(runners: Api<EphemeralRunner>) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let events = watcher::watcher(runners.clone(), watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    let mut events = std::pin::pin!(events);
+    let mut seen = std::collections::HashSet::new();
+    while let Some(Ok(runner)) = events.next().await {
+        if seen.insert(runner.uid()) {
+            assert!(
+                runner.finalizers().iter().any(|f| f == RUNNER_FINALIZER),
+                "a runner is created with the runner controller's finalizer: {:?}",
+                runner.finalizers()
+            );
+        }
+        if runner.metadata.deletion_timestamp.is_none()
+            || !runner.finalizers().iter().any(|f| f == RUNNER_FINALIZER)
+        {
+            continue;
+        }
+        let kept: Vec<&String> = runner
+            .finalizers()
+            .iter()
+            .filter(|f| *f != RUNNER_FINALIZER)
+            .collect();
+        let patch = json!({"metadata": {
+            "finalizers": kept, "resourceVersion": runner.resource_version(),
+        }});
+        // A conflict is a newer version, which comes as its own event.
+        let _ = runners
+            .patch(
+                &runner.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await;
     }
 }
 

@@ -291,5 +291,16 @@ mod tests {
             "{text}"
         );
         assert_eq!(metrics.reconciles_of("ephemeral-runner"), 1);
+        // Errors have no series until one happens (a healthy burst may
+        // have none); the name the dashboard and alerts query:
+        metrics.error("ephemeral-runner", "kube");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(
+                r#"arcwright_reconcile_errors_total{controller="ephemeral-runner",error="kube"} 1"#
+            ),
+            "{text}"
+        );
     }
 }

@@ -269,14 +269,32 @@ impl ScaleTarget for RunnerSetTarget {
 /// sees that the runner is busy.
 pub struct RunnerJobs {
     api: Api<EphemeralRunner>,
+    record_successes: bool,
 }
 
 impl RunnerJobs {
-    /// The runners of `namespace`.
+    /// The runners of `namespace`; only results other than success are
+    /// recorded unless [`Self::recording_successes`] says otherwise.
     pub fn new(client: Client, namespace: &str) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
+            record_successes: false,
         }
+    }
+
+    /// Whether a successful job's result is recorded too.
+    ///
+    /// A job's end is a status write on its runner, one per job, and for a
+    /// job that succeeded nothing reads it: the runner exits 0 and ends as
+    /// Succeeded on its own. A result other than success is worth the
+    /// write (it says why the runner ended). Only a scale set that holds
+    /// failed runners needs every result: its runners, having exited 0,
+    /// wait for the result to tell a failed job (held) from a successful
+    /// one (ended), and without the success recorded would wait out the
+    /// whole result wait.
+    pub fn recording_successes(mut self, record: bool) -> Self {
+        self.record_successes = record;
+        self
     }
 
     async fn record(&self, runner: &str, status: serde_json::Value) -> Result<(), ListenerError> {
@@ -321,6 +339,9 @@ impl JobSink for RunnerJobs {
     async fn job_completed(&self, job: JobCompleted) -> Result<(), ListenerError> {
         if job.runner_name.is_empty() {
             // Cancelled before any runner took it: nothing to record.
+            return Ok(());
+        }
+        if !self.record_successes && job.result.eq_ignore_ascii_case("succeeded") {
             return Ok(());
         }
         let status = json!({

@@ -51,6 +51,12 @@ pub struct ListenerConfig {
     pub labels: BTreeMap<String, String>,
     /// The scaling policy reference.
     pub scaling_policy: Option<PolicyRef>,
+    /// Whether failed runners are held for debugging (`debug.holdFailedFor`):
+    /// their controller then waits for every job's result, successes
+    /// included, so the listener records them all; otherwise only results
+    /// other than success are recorded (see
+    /// [`RunnerJobs`](crate::listener::cluster::RunnerJobs)).
+    pub holds_failures: bool,
 }
 
 /// Why a listener could not be started.

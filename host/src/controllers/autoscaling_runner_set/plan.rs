@@ -437,6 +437,7 @@ mod tests {
             ),
             min_runners: 0,
             max_runners: None,
+            holds_failures: false,
             scale_set_labels: Vec::new(),
             labels: labels
                 .iter()

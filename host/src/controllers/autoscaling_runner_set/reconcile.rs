@@ -365,6 +365,11 @@ fn desired_listener(set: &AutoscalingRunnerSet, id: i64) -> ListenerConfig {
         scale_set_labels: set.spec.runner_scale_set_labels.clone(),
         labels: set.labels().clone(),
         scaling_policy: set.spec.policies.scaling_policy.clone(),
+        holds_failures: set
+            .spec
+            .debug
+            .as_ref()
+            .is_some_and(|debug| debug.hold_failed_for.is_some()),
     }
 }
 

@@ -56,16 +56,8 @@ pub(super) async fn apply(
             Step::CreatePod => {
                 let pod = runner_pod(runner, &ctx.config.user_agent);
                 match pods.create(&PostParams::default(), &pod).await {
-                    Ok(_) => {
-                        publish(
-                            ctx,
-                            runner,
-                            Severity::Normal,
-                            "CreatedPod",
-                            format!("created runner pod {name}"),
-                        )
-                        .await;
-                    }
+                    // No event (see `publish`).
+                    Ok(_) => tracing::debug!(runner = %name, "runner pod created"),
                     // An older pod of the same name is still terminating; its
                     // deletion wakes the next reconcile.
                     Err(kube::Error::Api(e)) if e.code == 409 => {}
@@ -216,6 +208,13 @@ fn notify_slack(runner: &EphemeralRunner, failure: HeldFailure, ctx: &Context) {
 
 /// Publishes an event on the runner. Best effort: an event that cannot be
 /// written is logged, never a reason to fail the reconcile.
+///
+/// Events are kept to what a person looking at a runner needs: warnings,
+/// and the steps off the everyday path (a registration removed by the
+/// pool, a hold, a stale registration cleaned up). The everyday steps of
+/// every runner (registered, pod created, succeeded) are not events: each
+/// would be an API server write per job (and the event's own watch
+/// traffic), for what the runner's status and conditions already say.
 pub(super) async fn publish(
     ctx: &Context,
     runner: &EphemeralRunner,
@@ -307,14 +306,8 @@ async fn register(
         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
         .await
         .map_err(kube_error("patch the runner status"))?;
-    publish(
-        ctx,
-        runner,
-        Severity::Normal,
-        "Registered",
-        format!("registered as runner {runner_id} in scale set {scale_set}; its JIT config is in Secret {name}"),
-    )
-    .await;
+    // No event (see `publish`): the Registered condition says it.
+    tracing::debug!(runner = %name, runner_id, scale_set, "registered");
     Ok(())
 }
 

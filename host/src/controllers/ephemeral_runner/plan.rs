@@ -382,6 +382,19 @@ impl StatusPatch {
         self.conditions_changed = true;
     }
 
+    /// The status as it will be once the patch is written.
+    fn projected(&self) -> Option<EphemeralRunnerStatus> {
+        let mut status = self.current.clone();
+        let fields = status.as_object_mut()?;
+        for (key, value) in &self.fields {
+            fields.insert(key.clone(), value.clone());
+        }
+        if self.conditions_changed {
+            fields.insert("conditions".into(), json!(self.conditions));
+        }
+        serde_json::from_value(status).ok()
+    }
+
     fn into_step(mut self) -> Option<Step> {
         if self.conditions_changed {
             self.fields
@@ -703,6 +716,19 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<
         Some(pod) => running(obs, settings, status, runner_id, pod, &mut patch, &mut plan)?,
         None => absent(obs, settings, status, runner_id, &mut patch, &mut plan)?,
     }
+    // A runner that ends in this reconcile goes on to its ending at once,
+    // as the next reconcile would from the status written: one status
+    // write (the phase and what became of the registration together) and
+    // one reconcile less for every runner that finishes.
+    if let Some(ended) = patch
+        .projected()
+        .filter(|s| s.phase.is_some_and(EphemeralRunnerPhase::is_done))
+        && let Registration::Gone = ensure_gone(
+            obs, settings, &ended, runner_id, true, &mut patch, &mut plan,
+        )?
+    {
+        clean_up(obs, settings, &mut plan);
+    }
     Ok(finish(plan, patch))
 }
 
@@ -776,7 +802,9 @@ fn running(
             patch.set("phase", json!(EphemeralRunnerPhase::Succeeded));
             patch.set("reason", json!("Completed"));
             patch.set("message", json!("the runner exited 0"));
-            plan.event(Severity::Normal, "RunnerSucceeded", "the runner exited 0");
+            // No event: a runner succeeding is the everyday case, and an
+            // event per runner would be a write per job that tells nothing
+            // the phase does not.
             return Ok(());
         }
         if *code == OUTDATED_EXIT_CODE {
@@ -1425,6 +1453,7 @@ mod tests {
         })
     }
 
+    #[derive(Clone)]
     struct Case {
         runner: Runner,
         pod: Option<PodView>,
@@ -1494,8 +1523,24 @@ mod tests {
             };
             plan(&obs, &settings(), FIN)
         }
+        /// The steps, with the deregistration policy's verdict, if the
+        /// plan asks for one the case did not give, answered as the
+        /// bundled default does for these cases (a runner that exited 0
+        /// removed its registration itself; anything else is removed now).
         fn steps(&self) -> Vec<Step> {
-            self.run().expect("no input needed").steps
+            match self.run() {
+                Err(Need::Verdict(ending)) if self.verdict.is_none() => {
+                    let verdict = if ending.exit_code == Some(0) {
+                        Verdict::SelfDeregistered
+                    } else {
+                        Verdict::RemoveNow
+                    };
+                    let mut answered = self.clone();
+                    answered.verdict = Some(verdict);
+                    answered.run().expect("no more input needed").steps
+                }
+                planned => planned.expect("no input needed").steps,
+            }
         }
     }
 
@@ -1596,18 +1641,19 @@ mod tests {
                 vec![],
             ),
             (
-                "exit 0 is Succeeded",
+                "exit 0 is Succeeded, and in the same pass, the runner having \
+                 removed its registration itself, its pod and Secret go",
                 case(Runner::new().registered(7).phase(Running))
                     .secret(7)
                     .pod(exited(0)),
-                vec!["status", "event"],
+                vec!["status", "count", "delete-pod", "delete-secret"],
             ),
             (
-                "exit 7 is Outdated",
+                "exit 7 is Outdated, and its registration is handed to the pool at once",
                 case(Runner::new().registered(7).phase(Running))
                     .secret(7)
                     .pod(exited(7)),
-                vec!["status", "event"],
+                vec!["status", "event", "deregister", "event"],
             ),
             (
                 "a template without a runner container fails the runner",

@@ -220,6 +220,12 @@ pub fn new_runner(set: &EphemeralRunnerSet, creation: Creation) -> EphemeralRunn
             namespace: set.namespace(),
             labels: Some(runner_labels),
             annotations: Some(runner_annotations),
+            // Born with the runner controller's finalizer: adding it after
+            // creation is a write and a reconcile per runner, and nothing
+            // the runner owns exists before its controller first sees it.
+            finalizers: Some(vec![
+                crate::controllers::ephemeral_runner::FINALIZER.to_owned(),
+            ]),
             owner_references: Some(vec![OwnerReference {
                 api_version: EphemeralRunnerSet::api_version(&()).into(),
                 kind: EphemeralRunnerSet::kind(&()).into(),
