@@ -391,6 +391,10 @@ impl FinishedOutcomes {
     fn take(&mut self, key: &UnregistrationKey) -> Option<Removal> {
         self.outcomes.remove(key).map(|(_, removal)| removal)
     }
+
+    fn contains(&self, key: &UnregistrationKey) -> bool {
+        self.outcomes.contains_key(key)
+    }
 }
 
 /// Labels of `arcwright_unregistrations_total`.
@@ -642,6 +646,14 @@ impl<R: Remover> UnregistrationPool<R> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take(key)
+    }
+
+    /// Whether an outcome for `key` waits to be taken (without taking it).
+    pub fn has_finished(&self, key: &UnregistrationKey) -> bool {
+        self.finished
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(key)
     }
 
     /// Requests waiting, ready or delayed.

@@ -264,8 +264,11 @@ async fn not_found_counts_as_done() {
     let done = next(&mut finished, "finished request").await;
     assert_eq!((done.key, done.removal), (key(3), Removal::NotFound));
     assert!(Removal::NotFound.registration_gone());
+    assert!(pool.has_finished(&key(3)), "looking does not take it");
+    assert!(pool.has_finished(&key(3)));
     assert_eq!(pool.take_finished(&key(3)), Some(Removal::NotFound));
     assert_eq!(pool.take_finished(&key(3)), None, "an outcome is read once");
+    assert!(!pool.has_finished(&key(3)));
     assert!(!pool.is_claimed(&key(3)));
     assert_eq!((pool.depth(), pool.in_flight()), (0, 0));
     assert_eq!(remover.calls().len(), 1);

@@ -194,6 +194,11 @@ pub(crate) struct Context {
     hold_gate: Arc<tokio::sync::Mutex<()>>,
     /// Posts held failures; `None` if its HTTP client could not be built.
     slack: Option<SlackClient>,
+    /// The runner pods as the watch last saw them, without their specs.
+    pods: reflector::Store<Pod>,
+    /// The JIT config Secrets as the watch last saw them, without the
+    /// configs.
+    secrets: reflector::Store<Secret>,
 }
 
 impl Context {
@@ -335,7 +340,11 @@ pub async fn run(
             ),
         };
     let owned = watcher::Config::default().labels(&format!("{}=arcwright", labels::MANAGED_BY));
+    let (pod_cache, pod_writer) = reflector::store();
+    let (secret_cache, secret_writer) = reflector::store();
     let ctx = Arc::new(Context {
+        pods: pod_cache,
+        secrets: secret_cache,
         recorder: Recorder::new(
             client.clone(),
             Reporter {
@@ -369,13 +378,21 @@ pub async fn run(
     // woken only when what its plan reads of the pod changed (seed 004).
     let metrics = ctx.deps.metrics.clone();
     let pods = crate::controllers::projection::filtered(
-        watcher::watcher(pods, owned.clone()).default_backoff(),
+        watcher::watcher(pods, owned.clone())
+            .default_backoff()
+            .modify(resources::slim_pod)
+            .reflect(pod_writer),
         observe::pod_view,
         move |delivered| metrics.owned_update(CONTROLLER, delivered),
     );
+    let secrets = watcher::watcher(secrets, owned)
+        .default_backoff()
+        .modify(resources::redact_jit_secret)
+        .reflect(secret_writer)
+        .touched_objects();
     let controller = Controller::for_stream(events.applied_objects(), reader)
         .owns_stream(pods)
-        .owns(secrets, owned)
+        .owns_stream(secrets)
         .reconcile_on(woken)
         .with_config(controller::Config::default().concurrency(config.concurrency))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())

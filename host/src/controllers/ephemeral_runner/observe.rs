@@ -4,6 +4,7 @@
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::ListParams;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 
 use super::plan::{
@@ -122,12 +123,77 @@ async fn held_count(
         .count())
 }
 
+/// The plan as the watch caches see the runner's pod and Secret, if it is
+/// to do nothing at all.
+///
+/// Most reconciles of a runner change nothing: they are woken by the
+/// runner's own status writes, by the listener recording a job, by pod
+/// updates that leave the plan where it was. Deciding those from the
+/// caches saves two reads from the API server each, most of what a runner
+/// read. Anything else (a step to take, a question to ask, an outcome of
+/// the pool to take) is decided again from the API server by the caller:
+/// a cache can be behind the writes of the reconcile before (say the
+/// Secret is missing right after it was written, and the runner would be
+/// registered twice), so no step is ever taken on its word. A stale cache
+/// can only make this say "nothing to do" early; the cache catching up is
+/// itself a watch event that wakes the runner again.
+fn settled_in_cache(runner: &EphemeralRunner, ctx: &Context) -> Option<plan::Plan> {
+    let namespace = runner.namespace().unwrap_or_default();
+    let name = runner.name_any();
+    let pod = ctx
+        .pods
+        .get(&ObjectRef::new(&name).within(&namespace))
+        .filter(|p| owned_by(p.as_ref(), runner));
+    let secret = ctx
+        .secrets
+        .get(&ObjectRef::new(&name).within(&namespace))
+        .filter(|s| owned_by(s.as_ref(), runner))
+        .and_then(|s| read_jit_secret(&s));
+    let status_id = runner.status.as_ref().map_or(0, |s| s.runner_id);
+    let runner_id = if status_id != 0 {
+        status_id
+    } else {
+        secret.as_ref().map_or(0, |s| s.runner_id)
+    };
+    let pool = if runner_id == 0 {
+        PoolView::Idle
+    } else {
+        let key = ctx.key(runner, runner_id);
+        if ctx.pool.is_claimed(&key) {
+            PoolView::Claimed
+        } else if ctx.pool.has_finished(&key) {
+            return None;
+        } else {
+            PoolView::Idle
+        }
+    };
+    let observed = Observed {
+        runner,
+        pod: pod.as_deref().map(pod_view),
+        secret,
+        pool,
+        verdict: None,
+        presence: None,
+        held: None,
+        now: Timestamp::now(),
+    };
+    plan::plan(&observed, &ctx.config.settings, FINALIZER)
+        .ok()
+        .filter(|plan| plan.steps.is_empty())
+}
+
 /// Reads the runner's pod and Secret, asks the pool about its registration,
 /// and runs the plan, answering what it needs until it decides.
 pub(super) async fn observe_and_plan(
     runner: &EphemeralRunner,
     ctx: &Context,
 ) -> Result<Planned, EphemeralRunnerError> {
+    if let Some(plan) = settled_in_cache(runner, ctx) {
+        return Ok(Planned {
+            plan,
+            _hold_gate: None,
+        });
+    }
     let namespace = runner.namespace().unwrap_or_default();
     let name = runner.name_any();
     let pods: Api<Pod> = Api::namespaced(ctx.deps.client.clone(), &namespace);

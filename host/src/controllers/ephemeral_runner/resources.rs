@@ -117,6 +117,30 @@ pub fn read_jit_secret(secret: &Secret) -> Option<SecretView> {
     })
 }
 
+/// What the watch cache keeps of a JIT config Secret: everything but the
+/// config itself, replaced by a marker. The controller only needs to know
+/// that a complete config is there ([`read_jit_secret`] still says so), and
+/// a cache of every runner's credentials would be a copy of them kept for
+/// no reason.
+pub fn redact_jit_secret(secret: &mut Secret) {
+    if let Some(token) = secret
+        .data
+        .as_mut()
+        .and_then(|data| data.get_mut(JIT_TOKEN_KEY))
+        .filter(|token| !token.0.is_empty())
+    {
+        *token = ByteString(b"redacted".to_vec());
+    }
+    secret.metadata.managed_fields = None;
+}
+
+/// What the watch cache keeps of a runner pod: what [`super::observe`]
+/// reads (metadata and status), not the spec, which is most of a pod's size.
+pub fn slim_pod(pod: &mut Pod) {
+    pod.spec = None;
+    pod.metadata.managed_fields = None;
+}
+
 /// The runner pod: the template, named after the runner, owned by it, with
 /// the JIT config injected from the Secret (never written into the spec)
 /// and the variables ARC sets.
@@ -250,6 +274,32 @@ mod tests {
             spec.containers[1].env, None,
             "only the runner container is changed"
         );
+    }
+
+    #[test]
+    fn the_cache_keeps_no_jit_config_and_no_pod_spec() {
+        let runner = runner();
+        let mut secret = jit_secret(&runner, 7, "set-runner-abc", "the-config");
+        redact_jit_secret(&mut secret);
+        let data = secret.data.clone().unwrap();
+        assert!(
+            data.values().all(|v| v.0 != b"the-config"),
+            "the config is not kept: {data:?}"
+        );
+        assert_eq!(
+            read_jit_secret(&secret),
+            Some(SecretView {
+                runner_id: 7,
+                runner_name: "set-runner-abc".into()
+            }),
+            "still reads as a complete config"
+        );
+        let mut pod = runner_pod(&runner, "ua");
+        pod.status = Some(Default::default());
+        slim_pod(&mut pod);
+        assert!(pod.spec.is_none());
+        assert!(pod.status.is_some());
+        assert!(!pod.metadata.owner_references.unwrap_or_default().is_empty());
     }
 
     #[test]
