@@ -102,13 +102,19 @@ pub struct ListenerSpec {
     /// the moment it has handled a message gets, under a burst, a message
     /// per handful of job events: about two calls per job on top of its
     /// JIT config. Waiting a moment lets the events of many jobs gather in
-    /// one message instead. It delays nothing that decides capacity: the
-    /// first message of a burst reaches a listener already waiting in its
-    /// long poll, every message carries the service's statistics as of its
-    /// delivery (not as of its oldest event), and a decision is applied as
-    /// soon as its message is handled. What waits is the bookkeeping of
-    /// jobs started and completed, by at most this long. An empty long poll
-    /// is followed by the next poll at once.
+    /// one message instead.
+    ///
+    /// What decides capacity is not held back by it. The first message of
+    /// a burst reaches a listener already waiting in its long poll; every
+    /// message carries the service's statistics as of its delivery, not of
+    /// its oldest event; a decision is applied as soon as its message is
+    /// handled. And jobs the listener acquires are assigned to the scale
+    /// set right after, which the next message's statistics show: so after
+    /// a message whose offers were acquired, the next poll goes at once
+    /// (once in a row, so a steady stream of offers still meets the window
+    /// every other poll). What waits is the bookkeeping of jobs started and
+    /// completed, by at most this long. An empty long poll is followed by
+    /// the next poll at once.
     pub batch_window: std::time::Duration,
     /// Where the service's statistics and the decisions are reported.
     pub metrics: ListenerMetrics,

@@ -53,6 +53,10 @@ struct Memory {
     /// When the last message arrived, if the next poll is still to wait
     /// out the batch window.
     message_received: Option<std::time::Instant>,
+    /// The last message's offers were acquired.
+    acquired: bool,
+    /// The last poll went without waiting out the window.
+    polled_early: bool,
 }
 
 impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
@@ -75,6 +79,8 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
             unacquired: Vec::new(),
             desired: None,
             message_received: None,
+            acquired: false,
+            polled_early: false,
         };
         loop {
             let created = tokio::select! {
@@ -129,8 +135,15 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
         let mut last_message_id = 0;
         loop {
             if let Some(received) = memory.message_received.take() {
-                // See `ListenerSpec::batch_window`.
-                let rest = self.spec.batch_window.saturating_sub(received.elapsed());
+                // See `ListenerSpec::batch_window`: after an acquisition,
+                // once in a row, the next poll goes at once.
+                let early = std::mem::take(&mut memory.acquired) && !memory.polled_early;
+                memory.polled_early = early;
+                let rest = if early {
+                    std::time::Duration::ZERO
+                } else {
+                    self.spec.batch_window.saturating_sub(received.elapsed())
+                };
                 if !rest.is_zero() {
                     tokio::select! {
                         biased;
@@ -199,12 +212,15 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
         }
         if !acquire.is_empty() {
             match session.acquire_jobs(&acquire).await {
-                Ok(acquired) => tracing::debug!(
-                    scale_set = %self.spec.scale_set.name,
-                    offered = acquire.len(),
-                    acquired = acquired.len(),
-                    "jobs acquired"
-                ),
+                Ok(acquired) => {
+                    tracing::debug!(
+                        scale_set = %self.spec.scale_set.name,
+                        offered = acquire.len(),
+                        acquired = acquired.len(),
+                        "jobs acquired"
+                    );
+                    memory.acquired = !acquired.is_empty();
+                }
                 Err(error) if recovery(&error).new_session => return Err(error),
                 Err(error) => {
                     tracing::warn!(scale_set = %self.spec.scale_set.name, "jobs not acquired, trying again with the next message: {error}");

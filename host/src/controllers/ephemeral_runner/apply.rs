@@ -280,12 +280,18 @@ async fn register(
             return Err(kube_error("create the JIT config Secret")(error));
         }
     }
+    let status = runner.status.clone().unwrap_or_default();
+    if status.runner_id == 0 && status.condition(REGISTERED).is_none() {
+        // The first registration: the Secret is its record, and the plan
+        // copies it into the status with the next status write (the pod
+        // running, or ending), a write per runner saved. A later one is
+        // written now: the status names the registration before it, and
+        // the plan must not take that one's end for this one's.
+        tracing::debug!(runner = %name, runner_id, scale_set, "registered");
+        return Ok(());
+    }
     let now = jiff::Timestamp::now();
-    let mut conditions = runner
-        .status
-        .as_ref()
-        .map(|s| s.conditions.clone())
-        .unwrap_or_default();
+    let mut conditions = status.conditions.clone();
     conditions.retain(|c| c.type_ != REGISTERED && c.type_ != super::plan::ONLINE);
     conditions.push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
         type_: REGISTERED.to_string(),

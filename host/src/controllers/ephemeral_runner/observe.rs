@@ -382,10 +382,25 @@ mod tests {
             now: view.created + jiff::SignedDuration::from_mins(5),
         };
         let plan = plan::plan(&observed, &Settings::default(), FINALIZER).unwrap();
-        // Pending and not ready: not renewed as an old idle runner, not
+        // Pending (no phase yet reads as Pending, so nothing is written)
+        // and not ready: not renewed as an old idle runner, not
         // deregistered, its pod left to finish its setup.
-        assert_eq!(plan.steps.len(), 1, "{:?}", plan.steps);
-        let Step::PatchStatus(status) = &plan.steps[0] else {
+        assert_eq!(plan.steps, [], "{:?}", plan.steps);
+        // Had its status said Running, it would be put back to Pending.
+        let mut said_running = runner.clone();
+        if let Some(status) = said_running.status.as_mut() {
+            status.phase = Some(EphemeralRunnerPhase::Running);
+        }
+        let plan = plan::plan(
+            &Observed {
+                runner: &said_running,
+                ..observed.clone()
+            },
+            &Settings::default(),
+            FINALIZER,
+        )
+        .unwrap();
+        let [Step::PatchStatus(status)] = plan.steps.as_slice() else {
             panic!("{:?}", plan.steps)
         };
         assert_eq!(status["status"]["phase"], "Pending");
@@ -401,7 +416,7 @@ mod tests {
         };
         let runners = [RunnerView {
             name: "r".into(),
-            phase: Some(EphemeralRunnerPhase::Pending),
+            phase: None,
             runner_id: 7,
             ..RunnerView::default()
         }];

@@ -382,6 +382,11 @@ impl StatusPatch {
         self.conditions_changed = true;
     }
 
+    /// Whether anything is to be written.
+    fn changes(&self) -> bool {
+        self.conditions_changed || !self.fields.is_empty()
+    }
+
     /// The status as it will be once the patch is written.
     fn projected(&self) -> Option<EphemeralRunnerStatus> {
         let mut status = self.current.clone();
@@ -679,7 +684,7 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<
         {
             plan.step(Step::RemoveFinalizer);
         }
-        return Ok(finish(plan, patch));
+        return Ok(finish(obs, status, plan, patch));
     }
     if !has_finalizer {
         plan.step(Step::AddFinalizer);
@@ -689,7 +694,7 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<
     let phase = status.phase.unwrap_or_default();
     if phase == EphemeralRunnerPhase::Debugging {
         debugging(obs, settings, status, runner_id, &mut patch, &mut plan)?;
-        return Ok(finish(plan, patch));
+        return Ok(finish(obs, status, plan, patch));
     }
     if phase.is_done() {
         if let Registration::Gone = ensure_gone(
@@ -697,7 +702,7 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<
         )? {
             clean_up(obs, settings, &mut plan);
         }
-        return Ok(finish(plan, patch));
+        return Ok(finish(obs, status, plan, patch));
     }
 
     if !has_runner_container(runner) {
@@ -706,7 +711,7 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<
         let message = format!("the pod template has no container named {RUNNER_CONTAINER:?}");
         patch.set("message", json!(message));
         plan.event(Severity::Warning, "InvalidTemplate", message);
-        return Ok(finish(plan, patch));
+        return Ok(finish(obs, status, plan, patch));
     }
 
     match &obs.pod {
@@ -729,10 +734,35 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<
     {
         clean_up(obs, settings, &mut plan);
     }
-    Ok(finish(plan, patch))
+    Ok(finish(obs, status, plan, patch))
 }
 
-fn finish(mut plan: Plan, patch: StatusPatch) -> Plan {
+fn finish(
+    obs: &Observed<'_>,
+    status: &EphemeralRunnerStatus,
+    mut plan: Plan,
+    mut patch: StatusPatch,
+) -> Plan {
+    // A runner's first registration is on record in its Secret, and is
+    // copied into the status with the next status write, not a write of
+    // its own (see `Step::Register`). Only the first: a later one is
+    // written at once, since the status then names an older registration.
+    if status.runner_id == 0
+        && let Some(secret) = &obs.secret
+        && patch.changes()
+    {
+        patch.set("runnerId", json!(secret.runner_id));
+        patch.set("runnerName", json!(secret.runner_name));
+        if !patch.conditions.iter().any(|c| c.type_ == REGISTERED) {
+            patch.condition(
+                REGISTERED,
+                true,
+                "JitConfigCreated",
+                &format!("registered as runner {}", secret.runner_id),
+                obs.now,
+            );
+        }
+    }
     // The status goes first: what the other steps do must be on record
     // before they are done, so a crash in between repeats them rather than
     // forgetting them.
@@ -853,7 +883,8 @@ fn running(
     } else {
         EphemeralRunnerPhase::Pending
     };
-    if status.phase != Some(phase) {
+    // No phase reads as Pending: a pod still starting costs no write.
+    if status.phase.unwrap_or_default() != phase {
         patch.set("phase", json!(phase));
         patch.set("reason", serde_json::Value::Null);
         patch.set("message", serde_json::Value::Null);
@@ -1252,9 +1283,10 @@ fn absent(
 ) -> Result<(), Need> {
     let gone = is_true(status, REGISTERED) == Some(false);
     if let Some(secret) = &obs.secret {
-        if status.runner_id != secret.runner_id {
-            // The Secret was written but the status not (a crash between
-            // the two): the Secret is the record.
+        if status.runner_id != 0 && status.runner_id != secret.runner_id {
+            // A registration after the first whose Secret was written but
+            // not its status (a crash between the two): the Secret is the
+            // record. (The first is copied with the next status write.)
             patch.set("runnerId", json!(secret.runner_id));
             patch.set("runnerName", json!(secret.runner_name));
             patch.condition(
@@ -1285,12 +1317,13 @@ fn absent(
         }
     }
     if obs.secret.is_none() {
+        // The pod in the same pass: registering records the registration
+        // (Secret, then status) before it returns, and a pod that cannot be
+        // created is retried from that record.
         plan.step(Step::Register);
+        plan.step(Step::CreatePod);
     } else {
         plan.step(Step::CreatePod);
-        if status.phase.is_none() {
-            patch.set("phase", json!(EphemeralRunnerPhase::Pending));
-        }
     }
     Ok(())
 }
@@ -1610,15 +1643,24 @@ mod tests {
                 case(Runner::new().no_finalizer()),
                 vec!["add-finalizer"],
             ),
-            ("then a registration", case(Runner::new()), vec!["register"]),
             (
-                "then its pod",
-                case(Runner::new().registered(7)).secret(7),
-                vec!["status", "create-pod"],
+                "then a registration and its pod",
+                case(Runner::new()),
+                vec!["register", "create-pod"],
             ),
             (
-                "a Secret without a status record is adopted, and the pod created",
+                "then its pod, if the first pass could not make it",
+                case(Runner::new().registered(7)).secret(7),
+                vec!["create-pod"],
+            ),
+            (
+                "a first registration's Secret is its record until the next status write",
                 case(Runner::new()).secret(7),
+                vec!["create-pod"],
+            ),
+            (
+                "a later registration whose status write was lost is adopted at once",
+                case(Runner::new().registered(5).gone("Removed")).secret(7),
                 vec!["status", "create-pod"],
             ),
             (
@@ -1664,6 +1706,47 @@ mod tests {
         for (name, case, expected) in rows {
             assert_eq!(kinds(&case.steps()), expected, "{name}");
         }
+    }
+
+    #[test]
+    fn a_first_registration_is_copied_into_the_status_with_the_next_write() {
+        // The pod runs: the Running write carries the registration.
+        let steps = case(Runner::new())
+            .secret(7)
+            .pod(pod(RunnerContainer::Running))
+            .steps();
+        assert_eq!(kinds(&steps), vec!["status"]);
+        let status = status_of(&steps);
+        assert_eq!(status["phase"], "Running");
+        assert_eq!(status["runnerId"], 7);
+        assert_eq!(
+            registered_condition(&steps),
+            Some(("True".into(), "JitConfigCreated".into()))
+        );
+        // Still starting: nothing to write, nothing written.
+        assert_eq!(
+            case(Runner::new())
+                .secret(7)
+                .pod(pod(RunnerContainer::Waiting))
+                .steps(),
+            vec![]
+        );
+        // Ended before any write: the ending names the registration, and
+        // what became of it is not overwritten by the copy.
+        let steps = case(Runner::new()).secret(7).pod(exited(0)).steps();
+        assert_eq!(status_of(&steps)["runnerId"], 7);
+        assert_eq!(
+            registered_condition(&steps),
+            Some(("False".into(), "SelfDeregistered".into()))
+        );
+        // A pod that failed to start: its registration (the Secret's) is
+        // the one handed to the pool.
+        let steps = case(Runner::new()).secret(7).pod(exited(1)).steps();
+        assert!(
+            steps.contains(&Step::Deregister { runner_id: 7 }),
+            "{steps:?}"
+        );
+        assert_eq!(status_of(&steps)["runnerId"], 7);
     }
 
     #[test]
@@ -1834,7 +1917,7 @@ mod tests {
                     .now(10)
                     .steps()
             ),
-            vec!["register"]
+            vec!["register", "create-pod"]
         );
         // The fifth failure marks it Failed.
         let steps = case(running().failures(4, 0))
@@ -2399,7 +2482,10 @@ mod tests {
         }
         // Once the pod is gone, a new registration, with no backoff.
         let renewed = idle().gone("Removed");
-        assert_eq!(kinds(&case(renewed).now(75).steps()), vec!["register"]);
+        assert_eq!(
+            kinds(&case(renewed).now(75).steps()),
+            vec!["register", "create-pod"]
+        );
         let steps = case(idle())
             .secret(7)
             .pod(pod(RunnerContainer::Running))

@@ -69,6 +69,10 @@ pub struct Context {
     /// The metrics every controller reports (reconcile durations and
     /// errors); unregistered unless the process hands its own.
     pub controller_metrics: ControllerMetrics,
+    /// When each set's status was last written (see
+    /// [`plan::counts_deferred`]).
+    pub(crate) status_written:
+        std::sync::Mutex<std::collections::HashMap<(String, String), std::time::Instant>>,
 }
 
 impl Context {
@@ -86,6 +90,7 @@ impl Context {
             recorder,
             metrics,
             controller_metrics: ControllerMetrics::default(),
+            status_written: std::sync::Mutex::default(),
         }
     }
 }

@@ -50,6 +50,33 @@ pub const CLEANUP_POLL: Duration = Duration::from_secs(10);
 /// eventual-consistency net for a missed watch event.
 pub const RESYNC: Duration = Duration::from_secs(300);
 
+/// The least time between two status writes of a set that only move its
+/// runner counts.
+pub const COUNTS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long to put off writing `after` over `before`, if at all: a status
+/// whose only change is the runner counts, written less than
+/// [`COUNTS_INTERVAL`] after the last write (`since_last`), waits for the
+/// rest of it. Under a burst the counts move with every runner, several
+/// times a second, and a status write each time was about one API server
+/// write per job; no one reads the counts to the second (the listener
+/// counts runners from its own watch). Everything else the status says
+/// (phase, applied revision, observed generation, conditions) is written
+/// at once: the revision marks a cleanup done, and people and tests wait on
+/// the others.
+pub fn counts_deferred(
+    before: &EphemeralRunnerSetStatus,
+    after: &EphemeralRunnerSetStatus,
+    since_last: Option<Duration>,
+) -> Option<Duration> {
+    let counts_only = after.phase == before.phase
+        && after.applied_actionable_revision == before.applied_actionable_revision
+        && after.observed_generation == before.observed_generation
+        && after.conditions == before.conditions;
+    let rest = COUNTS_INTERVAL.saturating_sub(since_last?);
+    (counts_only && !rest.is_zero()).then_some(rest)
+}
+
 /// What the plan needs to know about the set.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SetView {
@@ -713,5 +740,49 @@ mod tests {
         assert!(p.delete.is_empty() && !p.remove_finalizer);
         assert!(plan(&s, &[]).remove_finalizer);
         assert!(p.create.is_none());
+    }
+
+    #[test]
+    fn counts_alone_are_written_at_most_once_a_second() {
+        let before = EphemeralRunnerSetStatus {
+            current_replicas: 3,
+            phase: Some(EphemeralRunnerSetPhase::Running),
+            observed_generation: Some(2),
+            ..EphemeralRunnerSetStatus::default()
+        };
+        let counts = EphemeralRunnerSetStatus {
+            current_replicas: 4,
+            running_ephemeral_runners: 2,
+            ..before.clone()
+        };
+        let ms = Duration::from_millis;
+        // The first write, or one a second after the last: at once.
+        assert_eq!(counts_deferred(&before, &counts, None), None);
+        assert_eq!(counts_deferred(&before, &counts, Some(ms(1000))), None);
+        // Sooner: put off for the rest of the second.
+        assert_eq!(
+            counts_deferred(&before, &counts, Some(ms(300))),
+            Some(ms(700))
+        );
+        // Anything besides the counts goes at once.
+        let phase = EphemeralRunnerSetStatus {
+            phase: Some(EphemeralRunnerSetPhase::Outdated),
+            ..counts.clone()
+        };
+        let generation = EphemeralRunnerSetStatus {
+            observed_generation: Some(3),
+            ..counts.clone()
+        };
+        let revision = EphemeralRunnerSetStatus {
+            applied_actionable_revision: 2,
+            ..counts
+        };
+        for after in [phase, generation, revision] {
+            assert_eq!(
+                counts_deferred(&before, &after, Some(ms(10))),
+                None,
+                "{after:?}"
+            );
+        }
     }
 }

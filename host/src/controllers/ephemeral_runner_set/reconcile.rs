@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
@@ -103,23 +103,34 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
     delete_runners(&runners_api, &runners, &plan).await?;
     report_deletions(&ctx, &set, &plan).await;
     if let Some(creation) = plan.create {
+        // No event: runners are created and deleted as jobs come and go,
+        // an event write per job for what the status counts say (see
+        // `report_deletions`).
         create_runners(&runners_api, &set, creation).await?;
-        event(
-            &ctx,
-            &set,
-            "ScaledUp",
-            format!("Created {} runner(s)", creation.count),
-        )
-        .await;
     }
-    if let Some(status) = &plan.status {
+    let key = (namespace.clone(), name.clone());
+    let since_last = ctx
+        .status_written
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        .map(Instant::elapsed);
+    let before = set.status.clone().unwrap_or_default();
+    let deferred = plan
+        .status
+        .as_ref()
+        .and_then(|status| plan::counts_deferred(&before, status, since_last));
+    if let Some(status) = plan.status.as_ref().filter(|_| deferred.is_none()) {
         // Last: the applied revision it may carry must not be recorded
         // before the cleanup it stands for went through.
         sets_api
             .patch_status(&name, &params, &Patch::Merge(json!({ "status": status })))
             .await
             .map_err(Error::Update)?;
-        let before = set.status.clone().unwrap_or_default();
+        ctx.status_written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), Instant::now());
         if status.applied_actionable_revision != before.applied_actionable_revision {
             event(
                 &ctx,
@@ -155,9 +166,15 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
         patch_finalizers(&sets_api, &set, finalizers, &params).await?;
         ctx.metrics.current.remove(&set_labels);
         ctx.metrics.desired.remove(&set_labels);
+        ctx.status_written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
         return Ok(Action::await_change());
     }
-    Ok(Action::requeue(plan.requeue))
+    Ok(Action::requeue(
+        deferred.map_or(plan.requeue, |wait| wait.min(plan.requeue)),
+    ))
 }
 
 /// What the plan needs of the set.
@@ -314,11 +331,12 @@ async fn patch_finalizers(
     Ok(())
 }
 
+/// Events for the deletions off the everyday path. A finished runner
+/// deleted is every job's end: an event for it would be a write per job.
 async fn report_deletions(ctx: &Context, set: &EphemeralRunnerSet, plan: &Plan) {
     for reason in [
         DeleteReason::SetDeleted,
         DeleteReason::OldRevision,
-        DeleteReason::Finished,
         DeleteReason::StaleOutdated,
         DeleteReason::ScaleDown,
     ] {
