@@ -45,6 +45,9 @@
 /// acknowledgements to about a tenth of a call per job.
 pub const DEFAULT_BATCH_WINDOW: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// The most job messages the service puts in one message.
+pub const SERVICE_BATCH_MAX: usize = 50;
+
 mod backoff;
 mod batch;
 pub mod cluster;
@@ -108,13 +111,16 @@ pub struct ListenerSpec {
     /// a burst reaches a listener already waiting in its long poll; every
     /// message carries the service's statistics as of its delivery, not of
     /// its oldest event; a decision is applied as soon as its message is
-    /// handled. And jobs the listener acquires are assigned to the scale
-    /// set right after, which the next message's statistics show: so after
-    /// a message whose offers were acquired, the next poll goes at once
-    /// (once in a row, so a steady stream of offers still meets the window
-    /// every other poll). What waits is the bookkeeping of jobs started and
-    /// completed, by at most this long. An empty long poll is followed by
-    /// the next poll at once.
+    /// handled. Jobs the listener acquires are assigned to the scale set
+    /// right after, which the next message's statistics show: so after a
+    /// message whose offers were acquired, the next poll goes at once (once
+    /// in a row, so a steady stream of offers still meets the window every
+    /// other poll). And after a message as large as the service makes them
+    /// ([`SERVICE_BATCH_MAX`] job messages) more is waiting, the next poll
+    /// goes at once too: a burst of a thousand jobs is offered, acquired
+    /// and decided on in a few back-to-back polls. What waits is the
+    /// bookkeeping of jobs started and completed, by at most this long. An
+    /// empty long poll is followed by the next poll at once.
     pub batch_window: std::time::Duration,
     /// Where the service's statistics and the decisions are reported.
     pub metrics: ListenerMetrics,

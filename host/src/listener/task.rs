@@ -57,6 +57,9 @@ struct Memory {
     acquired: bool,
     /// The last poll went without waiting out the window.
     polled_early: bool,
+    /// The last message was as large as the service makes them: more is
+    /// waiting.
+    full: bool,
 }
 
 impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
@@ -81,6 +84,7 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
             message_received: None,
             acquired: false,
             polled_early: false,
+            full: false,
         };
         loop {
             let created = tokio::select! {
@@ -135,9 +139,12 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
         let mut last_message_id = 0;
         loop {
             if let Some(received) = memory.message_received.take() {
-                // See `ListenerSpec::batch_window`: after an acquisition,
-                // once in a row, the next poll goes at once.
-                let early = std::mem::take(&mut memory.acquired) && !memory.polled_early;
+                // See `ListenerSpec::batch_window`: after a full message,
+                // or after an acquisition (once in a row), the next poll
+                // goes at once.
+                let acquired = std::mem::take(&mut memory.acquired);
+                let full = std::mem::take(&mut memory.full);
+                let early = full || (acquired && !memory.polled_early);
                 memory.polled_early = early;
                 let rest = if early {
                     std::time::Duration::ZERO
@@ -161,6 +168,7 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
                 Ok(None) => Ok(()),
                 Ok(Some(message)) => {
                     memory.message_received = Some(std::time::Instant::now());
+                    memory.full = message.jobs.len() >= super::SERVICE_BATCH_MAX;
                     let handled = self.handle(session, &message, memory).await;
                     // Past a message only once it is acknowledged: one
                     // whose acknowledgement failed is delivered again.
