@@ -115,10 +115,12 @@ pub struct ListenerSpec {
     /// right after, which the next message's statistics show: so after a
     /// message whose offers were acquired, the next poll goes at once (once
     /// in a row, so a steady stream of offers still meets the window every
-    /// other poll). And after a message as large as the service makes them
-    /// ([`SERVICE_BATCH_MAX`] job messages) more is waiting, the next poll
-    /// goes at once too: a burst of a thousand jobs is offered, acquired
-    /// and decided on in a few back-to-back polls. What waits is the
+    /// other poll). A message of offers as large as the service makes them
+    /// ([`SERVICE_BATCH_MAX`] job messages) means more are waiting, so
+    /// after one the next poll goes at once even in a row: a burst of a
+    /// thousand jobs is offered, acquired and decided on in a few
+    /// back-to-back polls. A full message of starts and completions waits
+    /// out the window like any other. What waits is the
     /// bookkeeping of jobs started and completed, by at most this long. An
     /// empty long poll is followed by the next poll at once.
     pub batch_window: std::time::Duration,

@@ -139,12 +139,12 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
         let mut last_message_id = 0;
         loop {
             if let Some(received) = memory.message_received.take() {
-                // See `ListenerSpec::batch_window`: after a full message,
-                // or after an acquisition (once in a row), the next poll
-                // goes at once.
+                // See `ListenerSpec::batch_window`: after an acquisition,
+                // the next poll goes at once, once in a row unless the
+                // message was full.
                 let acquired = std::mem::take(&mut memory.acquired);
                 let full = std::mem::take(&mut memory.full);
-                let early = full || (acquired && !memory.polled_early);
+                let early = acquired && (full || !memory.polled_early);
                 memory.polled_early = early;
                 let rest = if early {
                     std::time::Duration::ZERO
