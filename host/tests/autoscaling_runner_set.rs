@@ -770,4 +770,26 @@ async fn runner_set_updates_outside_the_projection_do_not_wake_the_scale_set() {
         1,
         "one wake-up for six writes"
     );
+
+    // The counts still reach the scale set's status: the wake-up copied
+    // them, and while they move the scale set looks again on a short beat
+    // (not the five-minute resync) to copy them again.
+    h.set_until("the counts copied", |set| {
+        set.status
+            .as_ref()
+            .is_some_and(|s| s.running_ephemeral_runners == 3)
+    })
+    .await;
+    merge_status(
+        &h.runner_sets(),
+        NAME,
+        json!({"status": {"runningEphemeralRunners": 5, "currentReplicas": 5}}),
+    )
+    .await;
+    h.set_until("the moved counts copied without a wake-up", |set| {
+        set.status
+            .as_ref()
+            .is_some_and(|s| s.running_ephemeral_runners == 5 && s.current_runners == 5)
+    })
+    .await;
 }

@@ -39,6 +39,19 @@ use super::{
 
 /// How often a settled scale set is looked at again anyway.
 const RESYNC: Duration = Duration::from_secs(300);
+
+/// How soon to look again while the runner counts copied from the
+/// EphemeralRunnerSet are moving. The owned watch does not wake the scale
+/// set on counter changes (a reconcile and a status write per runner
+/// otherwise), so during a burst the copy is refreshed on this beat, and
+/// settles back to [`RESYNC`] once they have not changed for
+/// [`COUNTS_SETTLED`].
+const COUNTS_RESYNC: Duration = Duration::from_secs(10);
+
+/// How long after the counts last changed they count as moving. Any
+/// reconcile sets the next look (the scale set's own status write wakes
+/// it too), so "moving" is remembered, not judged from one pass.
+const COUNTS_SETTLED: Duration = Duration::from_secs(60);
 /// How soon a deletion waiting for runners looks again.
 const DELETION_POLL: Duration = Duration::from_secs(1);
 /// How soon a blocked deletion looks again (an annotation or a restored
@@ -61,6 +74,8 @@ pub struct Context<L, S> {
     /// reference is unchanged, so a ConfigMap-backed policy is watched once
     /// and not reloaded on every reconcile.
     validators: Mutex<HashMap<(String, String), Validator>>,
+    /// When each scale set's copied runner counts last changed.
+    counts_changed: Mutex<HashMap<(String, String), std::time::Instant>>,
 }
 
 /// A loaded pod-validation policy and the reference it was loaded for.
@@ -91,6 +106,7 @@ impl<L: ListenerControl, S: ActionsClientSource> Context<L, S> {
             recorder,
             metrics: ControllerMetrics::default(),
             validators: Mutex::default(),
+            counts_changed: Mutex::default(),
         }
     }
 
@@ -280,7 +296,7 @@ async fn reconcile_set<L: ListenerControl, S: ActionsClientSource>(
     if let Some(violations) = &decided.status.violations {
         announce_rejection(&context, &set, violations).await;
     }
-    write_status(
+    let counts_moved = write_status(
         &apis.sets,
         &set,
         &decided.status,
@@ -289,7 +305,18 @@ async fn reconcile_set<L: ListenerControl, S: ActionsClientSource>(
         pending_written,
     )
     .await?;
-    Ok(Action::requeue(RESYNC))
+    let key = (namespace.clone(), name.clone());
+    let mut changed = context
+        .counts_changed
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if counts_moved {
+        changed.insert(key.clone(), std::time::Instant::now());
+    }
+    let moving = changed
+        .get(&key)
+        .is_some_and(|at| at.elapsed() < COUNTS_SETTLED);
+    Ok(Action::requeue(if moving { COUNTS_RESYNC } else { RESYNC }))
 }
 
 struct Apis {
@@ -704,7 +731,7 @@ async fn write_status(
     scale_set_id: Option<i64>,
     runner_set: Option<&EphemeralRunnerSet>,
     pending_written: bool,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     // The listener's fields are the listener's: left out of the comparison
     // and of the patch, so a status written here never undoes one the
     // listener wrote meanwhile.
@@ -740,10 +767,21 @@ async fn write_status(
             generation,
         ),
     };
+    let counts_moved = (
+        next.current_runners,
+        next.pending_ephemeral_runners,
+        next.running_ephemeral_runners,
+        next.failed_ephemeral_runners,
+    ) != (
+        current.current_runners,
+        current.pending_ephemeral_runners,
+        current.running_ephemeral_runners,
+        current.failed_ephemeral_runners,
+    );
     // After Pending was written in this pass, the stored status no longer
     // equals `current`: write regardless.
     if next == current && !pending_written {
-        return Ok(());
+        return Ok(false);
     }
     sets.patch_status(
         &set.name_any(),
@@ -752,7 +790,7 @@ async fn write_status(
     )
     .await
     .map_err(kube_err("writing the status"))?;
-    Ok(())
+    Ok(counts_moved)
 }
 
 async fn delete<L: ListenerControl, S: ActionsClientSource>(
@@ -902,6 +940,11 @@ async fn delete<L: ListenerControl, S: ActionsClientSource>(
                 patch_finalizers(&apis.sets, set, finalizers).await?;
                 context
                     .validators
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .remove(&(namespace.clone(), name.clone()));
+                context
+                    .counts_changed
                     .lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
                     .remove(&(namespace.clone(), name.clone()));
