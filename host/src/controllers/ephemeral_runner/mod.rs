@@ -4,10 +4,11 @@
 //!
 //! Each reconcile reads the runner, its pod and its JIT config Secret
 //! ([`observe`](self)), turns them into a [`plan::Plan`] with the pure
-//! [`plan::plan`], and applies it step by step ([`apply`](self)). The reads
-//! go to the API server rather than a cache: a stale cache could say the
-//! Secret is missing right after it was written, and the runner would be
-//! registered twice.
+//! [`plan::plan`], and applies it step by step ([`apply`](self)). A reconcile
+//! with nothing to do is decided from the watch caches; any step is decided
+//! on reads from the API server: a stale cache could say the Secret is
+//! missing right after it was written, and the runner would be registered
+//! twice (see `observe::settled_in_cache`).
 //!
 //! Removals go through the [`UnregistrationPool`] (seed 000), never through
 //! the reconcile: a reconcile never waits on the Actions service to remove a
