@@ -123,6 +123,39 @@ async fn held_count(
         .count())
 }
 
+/// What the unregistration pool says about the runner's current
+/// registration. With `take`, a finished removal's outcome is taken (read
+/// once); without, an outcome waiting is `None`: the caller is to look
+/// again with `take`.
+fn pool_view(
+    runner: &EphemeralRunner,
+    secret: Option<&plan::SecretView>,
+    ctx: &Context,
+    take: bool,
+) -> Option<PoolView> {
+    let none = crate::api::EphemeralRunnerStatus::default();
+    let runner_id = plan::registration_id(runner.status.as_ref().unwrap_or(&none), secret);
+    if runner_id == 0 {
+        return Some(PoolView::Idle);
+    }
+    let key = ctx.key(runner, runner_id);
+    if ctx.pool.is_claimed(&key) {
+        return Some(PoolView::Claimed);
+    }
+    if !take {
+        return (!ctx.pool.has_finished(&key)).then_some(PoolView::Idle);
+    }
+    Some(match ctx.pool.take_finished(&key) {
+        None => PoolView::Idle,
+        Some(Removal::Removed) => PoolView::Removed,
+        Some(Removal::NotFound) => PoolView::NotFound,
+        // The pool hands JobStillRunning back to itself; seen here only if
+        // that changes, and then it means "not yet".
+        Some(Removal::JobStillRunning) => PoolView::Claimed,
+        Some(Removal::Failed(message)) => PoolView::Failed(message),
+    })
+}
+
 /// The plan as the watch caches see the runner's pod and Secret, if it is
 /// to do nothing at all.
 ///
@@ -149,24 +182,8 @@ fn settled_in_cache(runner: &EphemeralRunner, ctx: &Context) -> Option<plan::Pla
         .get(&ObjectRef::new(&name).within(&namespace))
         .filter(|s| owned_by(s.as_ref(), runner))
         .and_then(|s| read_jit_secret(&s));
-    let status_id = runner.status.as_ref().map_or(0, |s| s.runner_id);
-    let runner_id = if status_id != 0 {
-        status_id
-    } else {
-        secret.as_ref().map_or(0, |s| s.runner_id)
-    };
-    let pool = if runner_id == 0 {
-        PoolView::Idle
-    } else {
-        let key = ctx.key(runner, runner_id);
-        if ctx.pool.is_claimed(&key) {
-            PoolView::Claimed
-        } else if ctx.pool.has_finished(&key) {
-            return None;
-        } else {
-            PoolView::Idle
-        }
-    };
+    // An outcome of the pool is taken only by a pass that acts on it.
+    let pool = pool_view(runner, secret.as_ref(), ctx, false)?;
     let observed = Observed {
         runner,
         pod: pod.as_deref().map(pod_view),
@@ -209,30 +226,7 @@ pub(super) async fn observe_and_plan(
         .map_err(kube_error("read the JIT config Secret"))?
         .filter(|s| owned_by(s, runner));
     let secret_view = secret.as_ref().and_then(read_jit_secret);
-    let status_id = runner.status.as_ref().map_or(0, |s| s.runner_id);
-    let runner_id = if status_id != 0 {
-        status_id
-    } else {
-        secret_view.as_ref().map_or(0, |s| s.runner_id)
-    };
-    let pool = if runner_id == 0 {
-        PoolView::Idle
-    } else {
-        let key = ctx.key(runner, runner_id);
-        if ctx.pool.is_claimed(&key) {
-            PoolView::Claimed
-        } else {
-            match ctx.pool.take_finished(&key) {
-                None => PoolView::Idle,
-                Some(Removal::Removed) => PoolView::Removed,
-                Some(Removal::NotFound) => PoolView::NotFound,
-                // The pool hands JobStillRunning back to itself; seen here
-                // only if that changes, and then it means "not yet".
-                Some(Removal::JobStillRunning) => PoolView::Claimed,
-                Some(Removal::Failed(message)) => PoolView::Failed(message),
-            }
-        }
-    };
+    let pool = pool_view(runner, secret_view.as_ref(), ctx, true).unwrap_or(PoolView::Idle);
     let mut observed = Observed {
         runner,
         pod: pod.as_ref().map(pod_view),

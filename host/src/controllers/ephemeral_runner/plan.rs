@@ -326,6 +326,8 @@ struct StatusPatch {
     fields: serde_json::Map<String, serde_json::Value>,
     conditions: Vec<Condition>,
     conditions_changed: bool,
+    /// The condition types set in this pass.
+    decided: Vec<String>,
 }
 
 impl StatusPatch {
@@ -335,6 +337,7 @@ impl StatusPatch {
             fields: serde_json::Map::new(),
             conditions: status.conditions.clone(),
             conditions_changed: false,
+            decided: Vec::new(),
         }
     }
 
@@ -357,6 +360,7 @@ impl StatusPatch {
         message: &str,
         now: Timestamp,
     ) {
+        self.decided.push(type_.to_string());
         let status = if status { "True" } else { "False" };
         if let Some(existing) = self.conditions.iter_mut().find(|c| c.type_ == type_) {
             if existing.status == status && existing.reason == reason && existing.message == message
@@ -380,6 +384,23 @@ impl StatusPatch {
             });
         }
         self.conditions_changed = true;
+    }
+
+    /// Records the Secret's registration as the runner's: its id and name,
+    /// and `Registered` True, unless this pass already decided what became
+    /// of it (a runner that ended before its first status write).
+    fn record_registration(&mut self, secret: &SecretView, now: Timestamp) {
+        self.set("runnerId", json!(secret.runner_id));
+        self.set("runnerName", json!(secret.runner_name));
+        if !self.decided.iter().any(|t| t == REGISTERED) {
+            self.condition(
+                REGISTERED,
+                true,
+                "JitConfigCreated",
+                &format!("registered as runner {}", secret.runner_id),
+                now,
+            );
+        }
     }
 
     /// Whether anything is to be written.
@@ -656,6 +677,17 @@ fn has_runner_container(runner: &EphemeralRunner) -> bool {
         .any(|c| c.name == RUNNER_CONTAINER)
 }
 
+/// The registration the runner's steps are about: the status's, or while
+/// the status names none (a first registration not copied in yet, see
+/// [`Step::Register`]), the Secret's.
+pub fn registration_id(status: &EphemeralRunnerStatus, secret: Option<&SecretView>) -> i64 {
+    if status.runner_id != 0 {
+        status.runner_id
+    } else {
+        secret.map_or(0, |s| s.runner_id)
+    }
+}
+
 /// Decides one reconcile of an EphemeralRunner; see the module docs.
 pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<Plan, Need> {
     let runner = obs.runner;
@@ -663,11 +695,7 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<
     let status = runner.status.as_ref().unwrap_or(&default_status);
     let mut plan = Plan::default();
     let mut patch = StatusPatch::new(status);
-    let runner_id = if status.runner_id != 0 {
-        status.runner_id
-    } else {
-        obs.secret.as_ref().map_or(0, |s| s.runner_id)
-    };
+    let runner_id = registration_id(status, obs.secret.as_ref());
     let has_finalizer = runner
         .metadata
         .finalizers
@@ -751,17 +779,7 @@ fn finish(
         && let Some(secret) = &obs.secret
         && patch.changes()
     {
-        patch.set("runnerId", json!(secret.runner_id));
-        patch.set("runnerName", json!(secret.runner_name));
-        if !patch.conditions.iter().any(|c| c.type_ == REGISTERED) {
-            patch.condition(
-                REGISTERED,
-                true,
-                "JitConfigCreated",
-                &format!("registered as runner {}", secret.runner_id),
-                obs.now,
-            );
-        }
+        patch.record_registration(secret, obs.now);
     }
     // The status goes first: what the other steps do must be on record
     // before they are done, so a crash in between repeats them rather than
@@ -1287,15 +1305,7 @@ fn absent(
             // A registration after the first whose Secret was written but
             // not its status (a crash between the two): the Secret is the
             // record. (The first is copied with the next status write.)
-            patch.set("runnerId", json!(secret.runner_id));
-            patch.set("runnerName", json!(secret.runner_name));
-            patch.condition(
-                REGISTERED,
-                true,
-                "JitConfigCreated",
-                &format!("registered as runner {}", secret.runner_id),
-                obs.now,
-            );
+            patch.record_registration(secret, obs.now);
         } else if gone {
             // Its registration is gone (a crash before the Secret was
             // deleted): a pod made from it could not start.
