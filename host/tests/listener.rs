@@ -678,6 +678,84 @@ async fn an_expired_queue_token_is_refreshed_without_a_new_session() {
     running.handle.stop().await.unwrap();
 }
 
+/// A client source whose answer the test changes, as editing the scale
+/// set's Secret changes what the host's client cache gives.
+#[derive(Clone)]
+struct EditableSecret(std::sync::Arc<std::sync::Mutex<ActionsClient>>);
+
+impl listener::ClientSource for EditableSecret {
+    async fn client(&self) -> Result<ActionsClient, String> {
+        Ok(self.0.lock().unwrap().clone())
+    }
+}
+
+#[tokio::test]
+async fn a_rotated_credential_is_picked_up_by_the_session_without_a_restart() {
+    let service = service().await;
+    let control = service.fake.control();
+    let secret = EditableSecret(std::sync::Arc::new(std::sync::Mutex::new(
+        service.client.clone(),
+    )));
+    let target = MemoryScaleTarget::new();
+    let status = MemoryStatusSink::new();
+    let handle = listener::spawn(
+        secret.clone(),
+        loader(None),
+        spec(&service, 0, 3, None),
+        target.clone(),
+        MemoryJobSink::new(),
+        status.clone(),
+        &CancellationToken::new(),
+    );
+    let running = Running {
+        target,
+        jobs: MemoryJobSink::new(),
+        status,
+        handle,
+    };
+    status_after(&running, 0, listening).await;
+    let seen = running.status.updates().all().len();
+
+    // The old PAT is revoked, and the queue token expires, so the session
+    // needs the admin token, which the old PAT can no longer get.
+    control.rotate_pat("ghp_rotated");
+    control.expire_queue_tokens();
+    control.enqueue_jobs(JobSpec::new(1, &[LABEL]));
+    status_after(&running, seen, retrying(Cause::Unauthorized)).await;
+    assert!(
+        running
+            .target
+            .patches()
+            .all()
+            .iter()
+            .all(|p| p.replicas == 0),
+        "nothing scales while the credentials are refused"
+    );
+
+    // The Secret gets the new PAT: the same session goes on with it.
+    let rotated = ActionsClient::new(
+        ConfigUrl::parse(&service.fake.org_url("octo-org")).unwrap(),
+        Credentials::Token(Secret::new("ghp_rotated")),
+        fast_options(),
+    )
+    .unwrap();
+    *secret.0.lock().unwrap() = rotated;
+    patches_until(&running.target, |p| p.iter().any(|p| p.replicas == 1)).await;
+    status_after(&running, seen, listening).await;
+    assert_eq!(
+        control.counters().calls(Endpoint::CreateSession),
+        1,
+        "the session was kept"
+    );
+    let jobs = control.jobs();
+    assert!(
+        jobs.iter()
+            .all(|j| j.phase == fake_actions::JobPhase::Acquired),
+        "the job offered while the credentials were refused was acquired: {jobs:?}"
+    );
+    running.handle.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_session_the_service_dropped_is_reported_and_replaced() {
     let service = service().await;

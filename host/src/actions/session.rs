@@ -29,7 +29,9 @@ const MAX_CAPACITY_HEADER: &str = "x-scalesetmaxcapacity";
 /// never closed expires on the service side, and until then a new one for
 /// the same scale set gets [`ActionsError::SessionConflict`].
 pub struct MessageSession {
-    client: ActionsClient,
+    /// Replaced whole when the credentials change
+    /// ([`MessageSession::use_client`]); calls take a clone.
+    client: Mutex<ActionsClient>,
     scale_set_id: i64,
     /// The current session, swapped whole on refresh. Callers take a
     /// snapshot and make their call without holding the lock.
@@ -59,11 +61,26 @@ impl MessageSession {
         acquire_jobs_url: Url,
     ) -> Self {
         Self {
-            client,
+            client: Mutex::new(client),
             scale_set_id,
             session: Mutex::new(Arc::new(session)),
             acquire_jobs_url,
         }
+    }
+
+    fn client(&self) -> ActionsClient {
+        self.client
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Makes the session's calls with `client` from now on: the same
+    /// session (its id, its queue token, the messages the service holds
+    /// for it) with the credentials its scale set has now. The session
+    /// belongs to the scale set, not to the credentials that opened it.
+    pub fn use_client(&self, client: ActionsClient) {
+        *self.client.lock().unwrap_or_else(PoisonError::into_inner) = client;
     }
 
     fn snapshot(&self) -> Arc<RunnerScaleSetSession> {
@@ -98,7 +115,7 @@ impl MessageSession {
     pub async fn refresh(&self) -> Result<(), ActionsError> {
         let current = self.snapshot();
         let fresh = self
-            .client
+            .client()
             .refresh_session(self.scale_set_id, &current.session_id)
             .await?;
         *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(fresh);
@@ -108,7 +125,7 @@ impl MessageSession {
     /// Deletes the session so another listener can open one at once.
     pub async fn close(self) -> Result<(), ActionsError> {
         let current = self.snapshot();
-        self.client
+        self.client()
             .delete_session(self.scale_set_id, &current.session_id)
             .await
     }
@@ -141,7 +158,7 @@ impl MessageSession {
         max_capacity: u32,
     ) -> Result<Option<Message>, ActionsError> {
         let op = Operation::GetMessage;
-        let timeout = self.client.options().message_timeout;
+        let timeout = self.client().options().message_timeout;
         let capacity = HeaderValue::from(max_capacity);
         let response = self
             .with_queue_token(|session| {
@@ -161,7 +178,7 @@ impl MessageSession {
                         body: None,
                         timeout,
                     };
-                    self.client
+                    self.client()
                         .queue_call(request, &session.message_queue_access_token)
                         .await
                 }
@@ -186,7 +203,7 @@ impl MessageSession {
     /// Acknowledges a message so it is not delivered again.
     pub async fn delete_message(&self, message_id: i64) -> Result<(), ActionsError> {
         let op = Operation::DeleteMessage;
-        let timeout = self.client.options().timeout;
+        let timeout = self.client().options().timeout;
         self.with_queue_token(|session| async move {
             let mut url = parse_queue_url(&session.message_queue_url, op)?;
             let path = format!("{}/{message_id}", url.path().trim_end_matches('/'));
@@ -199,7 +216,7 @@ impl MessageSession {
                 body: None,
                 timeout,
             };
-            self.client
+            self.client()
                 .queue_call(request, &session.message_queue_access_token)
                 .await
         })
@@ -219,7 +236,7 @@ impl MessageSession {
         if request_ids.is_empty() {
             return Ok(Vec::new());
         }
-        let timeout = self.client.options().timeout;
+        let timeout = self.client().options().timeout;
         let body = serde_json::to_vec(request_ids).map_err(|e| ActionsError::Decode {
             operation: op,
             reason: e.to_string(),
@@ -237,7 +254,7 @@ impl MessageSession {
                         body: Some(body),
                         timeout,
                     };
-                    self.client
+                    self.client()
                         .queue_call(request, &session.message_queue_access_token)
                         .await
                 }

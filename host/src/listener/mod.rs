@@ -21,8 +21,10 @@
 //!    the status what changed ([`StatusSink`]).
 //!
 //! Every failure of the service (session conflict, scale set gone, session
-//! or token lost, outages) is retried with capped, jittered exponential
-//! backoff ([`Backoff`]) and reported; none ends the task. Shutdown stops
+//! or token lost, outages, credentials refused) is retried with capped,
+//! jittered exponential backoff ([`Backoff`]) and reported; none ends the
+//! task. Refused credentials are read again from the scale set's Secret
+//! ([`ClientSource`]), so a rotated key is picked up without a restart. Shutdown stops
 //! the poll and deletes the session.
 //!
 //! The decisions are pure functions with table tests: [`plan_batch`] (a
@@ -56,6 +58,7 @@ mod jobs;
 mod memory;
 pub mod metrics;
 mod patch;
+mod source;
 mod status;
 mod supervisor;
 mod target;
@@ -73,11 +76,11 @@ pub use error::ListenerError;
 pub use jobs::{JobCompleted, JobSink, JobStarted};
 pub use memory::{JobRecord, MemoryJobSink, MemoryScaleTarget, MemoryStatusSink, Recorder};
 pub use patch::PatchSequence;
+pub use source::{ClientSource, CredentialSource};
 pub use status::{DecisionReport, Health, StatusSink, StatusTracker, StatusUpdate};
 pub use supervisor::Supervisor;
 pub use target::{Observed, ScalePatch, ScaleTarget};
 
-use crate::actions::ActionsClient;
 use crate::policy::loader::{PolicyLoader, PolicyRef};
 use crate::policy::types::ScaleSet;
 pub use metrics::ListenerMetrics;
@@ -162,8 +165,8 @@ impl ListenerHandle {
 /// Starts a listener on the current runtime. It runs until `shutdown` (or a
 /// parent of it, e.g. the host's SIGTERM token) is cancelled or
 /// [`ListenerHandle::stop`] is called.
-pub fn spawn<T, J, S>(
-    client: ActionsClient,
+pub fn spawn<C, T, J, S>(
+    client: C,
     loader: PolicyLoader,
     spec: ListenerSpec,
     target: T,
@@ -172,6 +175,7 @@ pub fn spawn<T, J, S>(
     shutdown: &CancellationToken,
 ) -> ListenerHandle
 where
+    C: ClientSource,
     T: ScaleTarget,
     J: JobSink,
     S: StatusSink,

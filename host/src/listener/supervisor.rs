@@ -6,7 +6,8 @@
 //! tasks, each wired to the cluster ([`RunnerSetTarget`], [`RunnerJobs`],
 //! [`ScaleSetStatus`]). A listener gets its Actions client from the shared
 //! cache ([`ActionsClients`]), so a thousand scale sets under one GitHub App
-//! share its tokens and connections.
+//! share its tokens and connections, and asks it again when its
+//! credentials are refused ([`CredentialSource`]).
 //!
 //! Stopping is waited for: [`ListenerControl::stop`] returns once the task
 //! has deleted its message session, so the controller's deletion order
@@ -21,7 +22,7 @@ use kube::runtime::events::Recorder;
 use tokio_util::sync::CancellationToken;
 
 use super::cluster::{ClusterView, RunnerJobs, RunnerSetTarget, ScaleSetStatus};
-use super::{Backoff, ListenerHandle, ListenerMetrics, ListenerSpec};
+use super::{Backoff, CredentialSource, ListenerHandle, ListenerMetrics, ListenerSpec};
 use crate::controllers::autoscaling_runner_set::{ListenerConfig, ListenerControl, ListenerError};
 use crate::credentials::ActionsClients;
 use crate::policy::loader::PolicyLoader;
@@ -166,8 +167,9 @@ impl ListenerControl for Supervisor {
         if let Some((_, handle)) = previous {
             finish(&key.0, &key.1, handle.stop().await);
         }
-        let client = self
-            .clients
+        // Credentials that cannot be used are the scale set's error, not a
+        // listener retrying in the background.
+        self.clients
             .get(&config.github)
             .await
             .map_err(|error| ListenerError {
@@ -175,6 +177,10 @@ impl ListenerControl for Supervisor {
                 name: config.name.clone(),
                 message: error.to_string(),
             })?;
+        let client = CredentialSource {
+            clients: self.clients.clone(),
+            target: config.github.clone(),
+        };
         let status = ScaleSetStatus::start(
             self.kube.clone(),
             self.recorder.clone(),

@@ -11,10 +11,11 @@ use super::batch::{plan_batch, scaling_input};
 use super::jobs::JobSink;
 use super::metrics::ScaleSetLabels;
 use super::patch::PatchSequence;
+use super::source::ClientSource;
 use super::status::{DecisionReport, Health, Reporting, StatusSink};
 use super::target::ScaleTarget;
 use super::{Cause, ListenerError, ListenerSpec};
-use crate::actions::{ActionsClient, ActionsError, MessageSession, RunnerScaleSetStatistic};
+use crate::actions::{ActionsError, MessageSession, RunnerScaleSetStatistic};
 use crate::policy::loader::PolicyLoader;
 use crate::policy::{Decider, PolicyKind};
 
@@ -27,8 +28,8 @@ enum Ended {
 }
 
 /// A listener's parts.
-pub(crate) struct Run<T, J, S> {
-    pub(crate) client: ActionsClient,
+pub(crate) struct Run<C, T, J, S> {
+    pub(crate) client: C,
     pub(crate) loader: PolicyLoader,
     pub(crate) spec: ListenerSpec,
     pub(crate) target: T,
@@ -62,7 +63,7 @@ struct Memory {
     full: bool,
 }
 
-impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
+impl<C: ClientSource, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, S> {
     pub(crate) async fn run(self) -> Result<(), ListenerError> {
         let reporter: Arc<dyn crate::policy::PolicyReporter> = self.status.clone();
         let policy = self
@@ -87,17 +88,27 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
             full: false,
         };
         loop {
+            // Asked again for every session: the credentials may have been
+            // rotated since the last one (see `super::source`).
+            let client = match self.client.client().await {
+                Ok(client) => client,
+                Err(message) => {
+                    if self.pause(Cause::Unauthorized, message, &mut memory).await {
+                        continue;
+                    }
+                    break;
+                }
+            };
             let created = tokio::select! {
                 biased;
                 () = self.shutdown.cancelled() => break,
-                created = self
-                    .client
+                created = client
                     .create_message_session(self.spec.scale_set_id, &self.spec.owner) => created,
             };
             let session = match created {
                 Ok(session) => session,
                 Err(error) => {
-                    if self.pause(&error, &mut memory).await {
+                    if self.pause_after(&error, &mut memory).await {
                         continue;
                     }
                     break;
@@ -111,7 +122,7 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
                 }
                 Ended::Renew(error) => {
                     self.close(session).await;
-                    if !self.pause(&error, &mut memory).await {
+                    if !self.pause_after(&error, &mut memory).await {
                         break;
                     }
                 }
@@ -183,7 +194,10 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
                 Ok(()) => memory.attempt = 0,
                 Err(error) if recovery(&error).new_session => return Ended::Renew(error),
                 Err(error) => {
-                    if !self.pause(&error, memory).await {
+                    if recovery(&error).cause == Cause::Unauthorized {
+                        self.reload_credentials(session).await;
+                    }
+                    if !self.pause_after(&error, memory).await {
                         return Ended::Shutdown;
                     }
                     continue;
@@ -229,10 +243,17 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
                     );
                     memory.acquired = !acquired.is_empty();
                 }
-                Err(error) if recovery(&error).new_session => return Err(error),
                 Err(error) => {
-                    tracing::warn!(scale_set = %self.spec.scale_set.name, "jobs not acquired, trying again with the next message: {error}");
+                    // Kept for the next message, in this session or the
+                    // next: the message offering them is acknowledged.
                     memory.unacquired = acquire;
+                    if recovery(&error).new_session {
+                        return Err(error);
+                    }
+                    tracing::warn!(scale_set = %self.spec.scale_set.name, "jobs not acquired, trying again with the next message: {error}");
+                    if recovery(&error).cause == Cause::Unauthorized {
+                        self.reload_credentials(session).await;
+                    }
                 }
             }
         }
@@ -324,15 +345,33 @@ impl<T: ScaleTarget, J: JobSink, S: StatusSink> Run<T, J, S> {
         });
     }
 
+    /// The service refused the credentials: the session goes on with the
+    /// client the source gives now, which is a new one if the Secret was
+    /// rotated (and the same one otherwise, to be refused again and
+    /// reported until it is).
+    async fn reload_credentials(&self, session: &MessageSession) {
+        match self.client.client().await {
+            Ok(client) => session.use_client(client),
+            Err(message) => {
+                tracing::warn!(scale_set = %self.spec.scale_set.name, "the credentials could not be read again: {message}");
+            }
+        }
+    }
+
+    /// [`Self::pause`] for a failed call.
+    async fn pause_after(&self, error: &ActionsError, memory: &mut Memory) -> bool {
+        self.pause(recovery(error).cause, error.to_string(), memory)
+            .await
+    }
+
     /// Reports a failure and waits out the backoff; `false` when shutdown
     /// was asked for meanwhile.
-    async fn pause(&self, error: &ActionsError, memory: &mut Memory) -> bool {
-        let cause = recovery(error).cause;
+    async fn pause(&self, cause: Cause, message: String, memory: &mut Memory) -> bool {
         let delay = self.spec.backoff.delay(memory.attempt, rand::random());
         memory.attempt = memory.attempt.saturating_add(1);
         self.status.health(Health::Retrying {
             cause,
-            message: error.to_string(),
+            message,
             retry_in: delay,
         });
         tokio::select! {

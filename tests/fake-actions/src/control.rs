@@ -10,6 +10,7 @@
 //! | `GET /_fake/settings` | the [`RuntimeSettings`]: `{"assignment_timeout_ms": n}` |
 //! | `PATCH /_fake/settings` | a [`SettingsPatch`] (e.g. `{"assignment_timeout_ms": 200}`) → the new [`RuntimeSettings`]; an unknown key is a 400 |
 //! | `POST /_fake/tokens/{admin,queue,github}/expire` | 204 |
+//! | `PUT /_fake/pat` | `{"pat": "..."}` → 204: the new PAT is accepted, the old one refused and the tokens issued so far expire |
 //! | `POST /_fake/sessions/{scaleSetId}/drop` | 204, or 404 when it had none |
 //! | `POST /_fake/faults` | a [`Fault`] → 204; `DELETE /_fake/faults` clears them |
 //! | `GET /_fake/counters` | `{"<endpoint>": {"calls": n, "faults": n}}` |
@@ -76,6 +77,13 @@ impl Control {
     /// Expires every installation and registration token issued so far.
     pub fn expire_github_tokens(&self) {
         self.shared.write(|s| s.expire_github_tokens());
+    }
+
+    /// Rotates the PAT: `pat` is accepted from now on, the old one is
+    /// refused, and every token issued so far expires (a credential
+    /// rotation that revokes the old one).
+    pub fn rotate_pat(&self, pat: &str) {
+        self.shared.write(|s| s.rotate_pat(pat.to_owned()));
     }
 
     /// Drops the scale set's message session, as the service does when it
@@ -184,7 +192,7 @@ impl Control {
     fn credentials(&self) -> Value {
         let settings = &self.shared.settings;
         json!({
-            "pat": settings.pat,
+            "pat": self.shared.read(|s| s.pat().to_owned()),
             "app_id": settings.app_id,
             "client_id": settings.client_id,
             "installation_id": settings.installation_id,
@@ -209,6 +217,7 @@ pub(crate) fn router() -> Router<Arc<Shared>> {
         .route("/_fake/scale-sets", get(scale_sets))
         .route("/_fake/settings", get(settings).patch(update_settings))
         .route("/_fake/tokens/{kind}/expire", post(expire))
+        .route("/_fake/pat", axum::routing::put(rotate_pat))
         .route("/_fake/sessions/{scale_set}/drop", post(drop_session))
         .route("/_fake/faults", post(inject).delete(clear_faults))
         .route("/_fake/counters", get(counters))
@@ -250,6 +259,20 @@ async fn settings(Ext(shared): C) -> Response {
 async fn update_settings(Ext(shared): C, body: Bytes) -> Result<Response, ServiceError> {
     let patch: SettingsPatch = parse(&body)?;
     Ok(axum::Json(control(shared).update_settings(patch)).into_response())
+}
+
+async fn rotate_pat(Ext(shared): C, body: Bytes) -> Result<Response, ServiceError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Rotation {
+        pat: String,
+    }
+    let rotation: Rotation = parse(&body)?;
+    if rotation.pat.is_empty() {
+        return Err(ServiceError::BadRequest("the PAT is empty".into()));
+    }
+    control(shared).rotate_pat(&rotation.pat);
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 async fn expire(Ext(shared): C, Path(kind): Path<String>) -> Result<Response, ServiceError> {

@@ -226,13 +226,13 @@ impl FakeActions {
             runtime: RuntimeSettings {
                 assignment_timeout: config.assignment_timeout,
             },
+            pat: config.pat.clone(),
         });
         let settings = server::Settings {
             long_poll: config.long_poll,
             admin_token_lifetime: config.admin_token_lifetime,
             installation_token_lifetime: config.installation_token_lifetime,
             registration_token_lifetime: config.registration_token_lifetime,
-            pat: config.pat.clone(),
             app_id: config.app.app_id,
             client_id: config.app.client_id.clone(),
             installation_id: config.app.installation_id,
@@ -285,7 +285,8 @@ impl FakeActions {
         format!("{}/enterprises/{enterprise}", self.url)
     }
 
-    /// A PAT the fake accepts.
+    /// The PAT the fake started with (accepted until
+    /// [`Control::rotate_pat`] replaces it).
     pub fn pat(&self) -> &str {
         &self.config.pat
     }

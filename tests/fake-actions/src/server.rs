@@ -36,7 +36,6 @@ pub(crate) struct Settings {
     pub admin_token_lifetime: Duration,
     pub installation_token_lifetime: Duration,
     pub registration_token_lifetime: Duration,
-    pub pat: String,
     pub app_id: u64,
     pub client_id: String,
     pub installation_id: u64,
@@ -263,10 +262,13 @@ async fn app_installation_token(
 fn github_caller(shared: &Shared, headers: &HeaderMap) -> Result<(), ServiceError> {
     let token =
         credential(headers, &["bearer", "token"]).ok_or(ServiceError::MissingCredentials)?;
-    if token == shared.settings.pat {
-        return Ok(());
-    }
-    shared.read(|s| s.check_installation_token(token))
+    shared.read(|s| {
+        if s.is_pat(token) {
+            Ok(())
+        } else {
+            s.check_installation_token(token)
+        }
+    })
 }
 
 async fn registration_token(

@@ -91,6 +91,9 @@ pub(crate) struct StateSettings {
     pub extra_runner_groups: Vec<String>,
     /// What tests may change while the fake runs.
     pub runtime: RuntimeSettings,
+    /// The personal access token the GitHub API accepts; rotated by
+    /// [`State::rotate_pat`].
+    pub pat: String,
 }
 
 /// A runner group; id 1 is the default group.
@@ -474,6 +477,26 @@ impl State {
             owner,
         });
         Ok(self.tenants.len() as u32)
+    }
+
+    /// Whether `token` is the PAT the GitHub API accepts now.
+    pub(crate) fn is_pat(&self, token: &str) -> bool {
+        token == self.settings.pat
+    }
+
+    /// The PAT the GitHub API accepts now.
+    pub(crate) fn pat(&self) -> &str {
+        &self.settings.pat
+    }
+
+    /// Accepts `pat` from now on and revokes the old one, as a rotation
+    /// that revokes the old token does: the old PAT is refused, and the
+    /// tokens issued so far (installation, registration, admin) expire, so
+    /// a client still holding the old PAT cannot get new ones.
+    pub(crate) fn rotate_pat(&mut self, pat: String) {
+        self.settings.pat = pat;
+        self.expire_github_tokens();
+        self.admin_generation += 1;
     }
 
     pub(crate) fn expire_github_tokens(&mut self) {
@@ -1550,6 +1573,7 @@ mod tests {
             runtime: RuntimeSettings {
                 assignment_timeout: TIMEOUT,
             },
+            pat: "ghp_test".into(),
         })
     }
 
@@ -1613,6 +1637,19 @@ mod tests {
         body.iter()
             .map(|m| m["messageType"].as_str().unwrap().to_owned())
             .collect()
+    }
+
+    #[test]
+    fn a_rotated_pat_is_accepted_and_the_old_one_and_its_tokens_are_not() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (token, _) = s.issue_installation_token(3600);
+        let generation = s.admin_generation;
+        assert!(s.is_pat("ghp_test"));
+        s.rotate_pat("ghp_new".into());
+        assert!(s.is_pat("ghp_new"));
+        assert!(!s.is_pat("ghp_test"));
+        assert!(s.check_installation_token(&token).is_err());
+        assert!(s.admin_generation > generation, "admin tokens expire");
     }
 
     #[test]
