@@ -18,7 +18,8 @@ use arcwright::api::{DebugSpec, SecretKeyRef, SlackSpec};
 use arcwright::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec};
 use arcwright::controllers::Synced;
 use arcwright::controllers::ephemeral_runner::{
-    self, Config, Dependencies, SlackConfig, plan::Settings,
+    self, Config, Dependencies, SlackConfig,
+    plan::{SLACK_NOTIFIED, Settings},
 };
 use arcwright::controllers::metrics::ControllerMetrics;
 use arcwright::controllers::metrics::RunnerLabels;
@@ -977,6 +978,9 @@ async fn a_held_failure_is_posted_to_slack_with_the_job_and_the_buttons() {
     let slack = fake_slack::FakeSlack::start("xoxb-bot-token")
         .await
         .unwrap();
+    // Slack sheds the first two posts: the post is made again until it is
+    // accepted, and recorded then.
+    slack.refuse_next(2);
     let world = World::with_slack(
         "debug-slack",
         fast_settings(),
@@ -1032,10 +1036,33 @@ async fn a_held_failure_is_posted_to_slack_with_the_job_and_the_buttons() {
         })
         .await;
     let until = held.status.unwrap().hold_until.unwrap().0;
-    let posts = slack.wait_for_posts(1, WAIT).await.expect("Slack was told");
-    assert_eq!(posts.len(), 1);
-    let post = &posts[0];
-    assert!(post.accepted, "{post:?}");
+    let posts = slack.wait_for_posts(3, WAIT).await.expect("Slack was told");
+    assert_eq!(
+        posts.iter().map(|p| p.accepted).collect::<Vec<_>>(),
+        [false, false, true]
+    );
+    assert_eq!(posts[0].body, posts[2].body, "the same post, made again");
+    let post = &posts[2];
+    let told = world
+        .wait_runner("r-told", "recorded the post", |r| {
+            r.status
+                .as_ref()
+                .and_then(|s| s.condition(SLACK_NOTIFIED))
+                .is_some_and(|c| c.status == "True")
+        })
+        .await;
+    assert_eq!(phase(&told), Some(EphemeralRunnerPhase::Debugging));
+    assert!(
+        world
+            .events("r-told")
+            .await
+            .iter()
+            .any(|(reason, _)| reason == "SlackNotificationFailed"),
+        "the refusal is told as an event"
+    );
+    // Recorded: the passes that follow do not post again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(slack.posts().len(), 3);
     assert_eq!(post.token.as_deref(), Some("xoxb-bot-token"));
     assert_eq!(post.body["channel"], "#ci-failures");
     let text = post.body.to_string();

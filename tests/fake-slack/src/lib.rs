@@ -4,7 +4,9 @@
 //! - [`FakeSlack`] serves `POST /api/chat.postMessage` like the Web API:
 //!   `{"ok": true, "ts": ...}` for the bot token it was started with,
 //!   `{"ok": false, "error": "invalid_auth"}` for any other, and records
-//!   every post (token, body) for the test to read.
+//!   every post (token, body) for the test to read. [`FakeSlack::refuse_next`]
+//!   makes it answer `ratelimited` for a while, as Slack does when it sheds
+//!   load.
 //! - [`Interaction`] sends a button press to an interactivity endpoint the
 //!   way Slack does: form-encoded `payload=<json>`, with Slack's `v0`
 //!   signature headers made from a signing secret, or deliberately without
@@ -36,6 +38,8 @@ pub struct Post {
 
 struct Shared {
     bot_token: String,
+    /// Posts still to be refused with `ratelimited`.
+    refusals: Mutex<usize>,
     posts: Mutex<Vec<Post>>,
     changed: watch::Sender<usize>,
 }
@@ -52,6 +56,7 @@ impl FakeSlack {
     pub async fn start(bot_token: &str) -> std::io::Result<FakeSlack> {
         let shared = Arc::new(Shared {
             bot_token: bot_token.to_string(),
+            refusals: Mutex::new(0),
             posts: Mutex::new(Vec::new()),
             changed: watch::channel(0).0,
         });
@@ -73,6 +78,17 @@ impl FakeSlack {
     /// The Web API base URL to configure (`http://127.0.0.1:PORT/api/`).
     pub fn api_url(&self) -> String {
         format!("http://{}/api/", self.addr)
+    }
+
+    /// Refuses the next `count` posts (with the right token) with
+    /// `{"ok": false, "error": "ratelimited"}`; they are recorded as not
+    /// accepted.
+    pub fn refuse_next(&self, count: usize) {
+        *self
+            .shared
+            .refusals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = count;
     }
 
     /// Every post so far.
@@ -124,9 +140,21 @@ async fn post_message(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(String::from);
-    let accepted = token.as_deref() == Some(shared.bot_token.as_str());
-    let answer = if !accepted {
+    let authorised = token.as_deref() == Some(shared.bot_token.as_str());
+    let refused = authorised && {
+        let mut refusals = shared
+            .refusals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let refused = *refusals > 0;
+        *refusals = refusals.saturating_sub(1);
+        refused
+    };
+    let accepted = authorised && !refused;
+    let answer = if !authorised {
         json!({"ok": false, "error": "invalid_auth"})
+    } else if refused {
+        json!({"ok": false, "error": "ratelimited"})
     } else if body["channel"].as_str().is_none_or(str::is_empty) {
         json!({"ok": false, "error": "channel_not_found"})
     } else {

@@ -11,9 +11,6 @@ use super::resources::{jit_secret, runner_pod};
 use super::{Context, EphemeralRunnerError, FINALIZER, github_target, kube_error};
 use crate::actions::{ActionsClient, ActionsError, JitConfig, JitRunnerSetting};
 use crate::api::{EphemeralRunner, EphemeralRunnerPhase};
-use crate::slack::HeldFailure;
-use crate::slack::client::read_token;
-use crate::slack::message;
 
 /// Applies `plan`; returns whether the finalizer was removed (the runner is
 /// going away).
@@ -100,7 +97,7 @@ pub(super) async fn apply(
             Step::CountDeregistration { verdict, outcome } => {
                 ctx.deps.metrics.deregistration(verdict, outcome);
             }
-            Step::NotifySlack(failure) => notify_slack(runner, failure.clone(), ctx),
+            Step::NotifySlack(failure) => super::notify::notify(runner, failure.clone(), ctx),
         }
     }
     Ok(finalized)
@@ -161,51 +158,6 @@ async fn delete(
 /// own: a slow or failing Slack never holds up the reconcile, and a
 /// failure is reported in the log and an event on the runner, never
 /// retried (see [`crate::slack`]).
-fn notify_slack(runner: &EphemeralRunner, failure: HeldFailure, ctx: &Context) {
-    let (Some(slack), Some(spec)) = (
-        ctx.slack.clone(),
-        runner.spec.debug.as_ref().and_then(|d| d.slack.clone()),
-    ) else {
-        return;
-    };
-    let client = ctx.deps.client.clone();
-    let recorder = ctx.recorder.clone();
-    let reference = runner.object_ref(&());
-    let extend_by = ctx.config.slack.extend_by;
-    tokio::spawn(async move {
-        let posted = async {
-            let token = read_token(&client, &failure.namespace, &spec.token_secret_ref).await?;
-            let (text, blocks) = message::held_failure(&failure, extend_by);
-            slack
-                .post_message(&token, &spec.channel, &text, blocks)
-                .await
-        }
-        .await;
-        let runner = &failure.runner;
-        match posted {
-            Ok(_) => {
-                tracing::info!(%runner, channel = %spec.channel, "told Slack of a held failure")
-            }
-            Err(error) => {
-                tracing::warn!(%runner, channel = %spec.channel, %error, "telling Slack of a held failure failed");
-                let event = Event {
-                    type_: EventType::Warning,
-                    reason: "SlackNotificationFailed".into(),
-                    note: Some(format!(
-                        "telling Slack channel {} failed: {error}",
-                        spec.channel
-                    )),
-                    action: "Notify".into(),
-                    secondary: None,
-                };
-                if let Err(error) = recorder.publish(&event, &reference).await {
-                    tracing::warn!(%runner, %error, "publishing an event failed");
-                }
-            }
-        }
-    });
-}
-
 /// Publishes an event on the runner. Best effort: an event that cannot be
 /// written is logged, never a reason to fail the reconcile.
 ///

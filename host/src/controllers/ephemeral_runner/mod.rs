@@ -16,6 +16,7 @@
 //! (`on_finished`), which is when the pod may go.
 
 mod apply;
+mod notify;
 mod observe;
 pub mod plan;
 pub mod resources;
@@ -195,6 +196,8 @@ pub(crate) struct Context {
     hold_gate: Arc<tokio::sync::Mutex<()>>,
     /// Posts held failures; `None` if its HTTP client could not be built.
     slack: Option<SlackClient>,
+    /// The Slack posts under way.
+    outbox: notify::Outbox,
     /// The runner pods as the watch last saw them, without their specs.
     pods: reflector::Store<Pod>,
     /// The JIT config Secrets as the watch last saw them, without the
@@ -364,6 +367,7 @@ pub async fn run(
                 None
             }
         },
+        outbox: notify::Outbox::default(),
         config: config.clone(),
     });
     let woken = futures::stream::unfold(woken, |mut rx| async move {

@@ -58,6 +58,13 @@ pub const POLICY_FALLBACK: &str = "DeregistrationPolicyFallback";
 /// job failed, and if not, why not (`MaxHeld`, `InvalidDebugSpec`).
 pub const HELD: &str = "HeldForDebugging";
 
+/// The condition saying whether Slack accepted the post about the hold
+/// (True), or the last attempt failed (False, `PostFailed`). Until it is
+/// True, every pass of a held runner asks for the post again (see
+/// `super::notify`): the post is what gets someone to look before the hold
+/// ends, so it must not be lost to a restart or to Slack being down.
+pub const SLACK_NOTIFIED: &str = "SlackNotified";
+
 /// The knobs of the rules, with ARC's values as defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
@@ -281,8 +288,9 @@ pub enum Step {
         /// What happened, for people; never a secret.
         note: String,
     },
-    /// Tell the scale set's Slack channel that the runner is held (at most
-    /// once per hold, off the reconcile path).
+    /// Tell the scale set's Slack channel that the runner is held, unless a
+    /// post about it is under way (off the reconcile path, retried until
+    /// Slack accepts it or the hold ends; see `super::notify`).
     NotifySlack(HeldFailure),
     /// Count a deregistration in the metrics.
     CountDeregistration {
@@ -361,29 +369,9 @@ impl StatusPatch {
         now: Timestamp,
     ) {
         self.decided.push(type_.to_string());
-        let status = if status { "True" } else { "False" };
-        if let Some(existing) = self.conditions.iter_mut().find(|c| c.type_ == type_) {
-            if existing.status == status && existing.reason == reason && existing.message == message
-            {
-                return;
-            }
-            if existing.status != status {
-                existing.last_transition_time = Time(now);
-            }
-            existing.status = status.to_string();
-            existing.reason = reason.to_string();
-            existing.message = message.to_string();
-        } else {
-            self.conditions.push(Condition {
-                type_: type_.to_string(),
-                status: status.to_string(),
-                reason: reason.to_string(),
-                message: message.to_string(),
-                last_transition_time: Time(now),
-                observed_generation: None,
-            });
+        if set_condition(&mut self.conditions, type_, status, reason, message, now) {
+            self.conditions_changed = true;
         }
-        self.conditions_changed = true;
     }
 
     /// Records the Secret's registration as the runner's: its id and name,
@@ -434,6 +422,40 @@ impl StatusPatch {
 enum Registration {
     Gone,
     Pending,
+}
+
+/// Sets condition `type_` in `conditions` (its transition time moves only
+/// when its status does); returns whether anything changed.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> bool {
+    let status = if status { "True" } else { "False" };
+    if let Some(existing) = conditions.iter_mut().find(|c| c.type_ == type_) {
+        if existing.status == status && existing.reason == reason && existing.message == message {
+            return false;
+        }
+        if existing.status != status {
+            existing.last_transition_time = Time(now);
+        }
+        existing.status = status.to_string();
+        existing.reason = reason.to_string();
+        existing.message = message.to_string();
+    } else {
+        conditions.push(Condition {
+            type_: type_.to_string(),
+            status: status.to_string(),
+            reason: reason.to_string(),
+            message: message.to_string(),
+            last_transition_time: Time(now),
+            observed_generation: None,
+        });
+    }
+    true
 }
 
 fn is_true(status: &EphemeralRunnerStatus, type_: &str) -> Option<bool> {
@@ -1087,7 +1109,7 @@ fn hold(
         return Ok(false);
     }
     let message = format!(
-        "{why}; held for debugging until {}{}",
+        "{why}{HELD_UNTIL}{}{}",
         deadline.at,
         deadline.note.map(|n| format!(" ({n})")).unwrap_or_default()
     );
@@ -1103,26 +1125,59 @@ fn hold(
     }
     patch.condition(HELD, true, "HeldForDebugging", &message, obs.now);
     plan.event(Severity::Warning, "HeldForDebugging", message);
-    if obs
-        .runner
-        .spec
-        .debug
-        .as_ref()
-        .is_some_and(|d| d.slack.is_some())
-    {
-        plan.step(Step::NotifySlack(HeldFailure {
-            namespace: obs.runner.metadata.namespace.clone().unwrap_or_default(),
-            runner: obs.runner.metadata.name.clone().unwrap_or_default(),
-            repository: status.job_repository_name.clone(),
-            workflow: status.job_workflow_ref.clone(),
-            job: status.job_display_name.clone(),
-            why: why.to_string(),
-            hold_until: deadline.at,
-        }));
+    if tells_slack(obs.runner) {
+        plan.step(Step::NotifySlack(held_failure(
+            obs.runner,
+            status,
+            why,
+            deadline.at,
+        )));
     }
     ensure_gone(obs, settings, status, runner_id, false, patch, plan)?;
     plan.requeue_after(elapsed(obs.now, deadline.at));
     Ok(true)
+}
+
+/// What joins the reason of a hold to its end in the `HeldForDebugging`
+/// condition's message; [`why_held`] splits it there again.
+const HELD_UNTIL: &str = "; held for debugging until ";
+
+/// Why the runner is held, from the `HeldForDebugging` condition [`hold`]
+/// wrote.
+fn why_held(status: &EphemeralRunnerStatus) -> String {
+    status
+        .condition(HELD)
+        .map(|c| c.message.split(HELD_UNTIL).next().unwrap_or_default())
+        .filter(|why| !why.is_empty())
+        .unwrap_or("the job failed")
+        .to_string()
+}
+
+/// Whether the runner's debug spec names a Slack channel.
+fn tells_slack(runner: &EphemeralRunner) -> bool {
+    runner
+        .spec
+        .debug
+        .as_ref()
+        .is_some_and(|d| d.slack.is_some())
+}
+
+/// The Slack post about a held runner: the job as the listener recorded it.
+fn held_failure(
+    runner: &EphemeralRunner,
+    status: &EphemeralRunnerStatus,
+    why: &str,
+    hold_until: Timestamp,
+) -> HeldFailure {
+    HeldFailure {
+        namespace: runner.metadata.namespace.clone().unwrap_or_default(),
+        runner: runner.metadata.name.clone().unwrap_or_default(),
+        repository: status.job_repository_name.clone(),
+        workflow: status.job_workflow_ref.clone(),
+        job: status.job_display_name.clone(),
+        why: why.to_string(),
+        hold_until,
+    }
 }
 
 /// A held runner: its registration goes (if it has not yet), its pod stays
@@ -1153,6 +1208,16 @@ fn debugging(
             patch.set("holdUntil", json!(Time(deadline.at)));
             if let Some(note) = deadline.note {
                 patch.set("message", json!(note));
+            }
+            // Slack has not accepted a post about this hold yet: the host
+            // stopped before it was made, or Slack refused it.
+            if tells_slack(obs.runner) && is_true(status, SLACK_NOTIFIED) != Some(true) {
+                plan.step(Step::NotifySlack(held_failure(
+                    obs.runner,
+                    status,
+                    &why_held(status),
+                    deadline.at,
+                )));
             }
             plan.requeue_after(elapsed(obs.now, deadline.at));
         }
@@ -2243,6 +2308,75 @@ mod tests {
             .now(10)
             .steps();
         assert_eq!(status_of(&steps)["phase"], "Succeeded");
+    }
+
+    #[test]
+    fn a_hold_is_told_to_slack_until_slack_accepted_it() {
+        let with_slack = |runner: Runner| {
+            let mut runner = runner;
+            runner.0.spec.debug.as_mut().unwrap().slack = Some(crate::api::SlackSpec {
+                channel: "#ci".into(),
+                token_secret_ref: crate::api::SecretKeyRef {
+                    name: "slack".into(),
+                    key: None,
+                },
+            });
+            runner
+        };
+        let slack_posts = |steps: &[Step]| -> Vec<HeldFailure> {
+            steps
+                .iter()
+                .filter_map(|s| match s {
+                    Step::NotifySlack(failure) => Some(failure.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        // The hold begins: the post is asked for with the status write.
+        let steps = case(with_slack(holding().job_failed_at(4)))
+            .secret(7)
+            .pod(pod(RunnerContainer::Running))
+            .held(0)
+            .steps();
+        let posts = slack_posts(&steps);
+        assert_eq!(posts.len(), 1);
+        assert_eq!(posts[0].why, "the job failed");
+        assert_eq!(posts[0].hold_until, at(604));
+        // A later pass of the hold, with no post accepted (the host stopped
+        // before it, or Slack refused it): asked again, saying the same.
+        let held = || {
+            with_slack(holding().job_failed_at(4).held(4, 604)).status(|s| {
+                s.conditions.push(Condition {
+                    message: format!("the job failed{HELD_UNTIL}{}", at(604)),
+                    ..cond(HELD, true, "HeldForDebugging")
+                });
+            })
+        };
+        // Later passes: 100 s in, the registration removed.
+        let later = |runner: Runner| {
+            case(runner.gone("Removed"))
+                .secret(7)
+                .pod(pod(RunnerContainer::Running))
+                .now(100)
+                .run()
+                .unwrap()
+        };
+        let plan = later(held());
+        let posts = slack_posts(&plan.steps);
+        assert_eq!(posts.len(), 1);
+        assert_eq!(posts[0].why, "the job failed");
+        assert_eq!(posts[0].hold_until, at(604));
+        assert_eq!(plan.requeue, Some(Duration::from_secs(504)));
+        let refused =
+            held().status(|s| s.conditions.push(cond(SLACK_NOTIFIED, false, "PostFailed")));
+        assert_eq!(slack_posts(&later(refused).steps).len(), 1);
+        // Accepted: never again.
+        let told = held().status(|s| s.conditions.push(cond(SLACK_NOTIFIED, true, "Posted")));
+        let steps = later(told).steps;
+        assert!(slack_posts(&steps).is_empty(), "{steps:?}");
+        // Without a Slack channel there is nothing to tell.
+        let steps = later(holding().job_failed_at(4).held(4, 604)).steps;
+        assert!(slack_posts(&steps).is_empty(), "{steps:?}");
     }
 
     #[test]
