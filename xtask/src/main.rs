@@ -262,7 +262,20 @@ fn workspace_root() -> std::path::PathBuf {
 
 fn cargo(args: &[String]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let status = Command::new(&cargo)
+    let mut command = Command::new(&cargo);
+    // `cargo xtask` is `cargo run`, which describes the xtask package to it
+    // in the environment (`CARGO_MANIFEST_DIR`, `CARGO_PKG_NAME`, ...).
+    // Passed on, they reach the build scripts of the cargo run here, and
+    // some of them watch those variables (ring's watches
+    // `CARGO_MANIFEST_DIR`): every switch between `cargo xtask test` and a
+    // plain `cargo test` would rebuild ring and everything above it
+    // (rustls, kube, the controller), minutes of a clean build.
+    for (key, _) in std::env::vars_os() {
+        if key.to_str().is_some_and(describes_the_running_package) {
+            command.env_remove(&key);
+        }
+    }
+    let status = command
         .args(args)
         .status()
         .with_context(|| format!("running {cargo} {}", args.join(" ")))?;
@@ -272,10 +285,53 @@ fn cargo(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Whether `key` is one of the variables cargo sets for the package it
+/// builds or runs, rather than one a person sets to configure cargo.
+fn describes_the_running_package(key: &str) -> bool {
+    key.starts_with("CARGO_PKG_")
+        || matches!(
+            key,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_TARGET_TMPDIR"
+                | "OUT_DIR"
+        )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn what_cargo_run_sets_is_not_passed_on_and_what_configures_cargo_is() {
+        for key in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_CRATE_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+        ] {
+            assert!(describes_the_running_package(key), "{key}");
+        }
+        for key in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_INCREMENTAL",
+            "CARGO_BUILD_JOBS",
+            "CARGO_PROFILE_DEV_DEBUG",
+            "RUSTFLAGS",
+            "RUSTC_WORKSPACE_WRAPPER",
+        ] {
+            assert!(!describes_the_running_package(key), "{key}");
+        }
+    }
 
     #[test]
     fn the_cli_is_well_formed() {
