@@ -194,9 +194,7 @@ impl<C: ClientSource, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, S>
                 Ok(()) => memory.attempt = 0,
                 Err(error) if recovery(&error).new_session => return Ended::Renew(error),
                 Err(error) => {
-                    if recovery(&error).cause == Cause::Unauthorized {
-                        self.reload_credentials(session).await;
-                    }
+                    self.reload_if_refused(&error, session).await;
                     if !self.pause_after(&error, memory).await {
                         return Ended::Shutdown;
                     }
@@ -251,9 +249,7 @@ impl<C: ClientSource, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, S>
                         return Err(error);
                     }
                     tracing::warn!(scale_set = %self.spec.scale_set.name, "jobs not acquired, trying again with the next message: {error}");
-                    if recovery(&error).cause == Cause::Unauthorized {
-                        self.reload_credentials(session).await;
-                    }
+                    self.reload_if_refused(&error, session).await;
                 }
             }
         }
@@ -345,11 +341,14 @@ impl<C: ClientSource, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, S>
         });
     }
 
-    /// The service refused the credentials: the session goes on with the
-    /// client the source gives now, which is a new one if the Secret was
-    /// rotated (and the same one otherwise, to be refused again and
-    /// reported until it is).
-    async fn reload_credentials(&self, session: &MessageSession) {
+    /// If `error` is the service refusing the credentials, the session goes
+    /// on with the client the source gives now: a new one if the Secret was
+    /// rotated (the same one otherwise, to be refused again and reported
+    /// until it is).
+    async fn reload_if_refused(&self, error: &ActionsError, session: &MessageSession) {
+        if recovery(error).cause != Cause::Unauthorized {
+            return;
+        }
         match self.client.client().await {
             Ok(client) => session.use_client(client),
             Err(message) => {

@@ -10,10 +10,14 @@
 //! - [`interactions`]: the HTTP endpoint the buttons post to; it writes the
 //!   runner's `arcwright.dev/hold-until` annotation and nothing else.
 //!
-//! Slack is told at most once per hold, and off the reconcile path: a slow
-//! or absent Slack never delays a runner, and a post lost to a crash at the
-//! wrong moment is not repeated (a late duplicate would be worse than a
-//! missing one for a failure people are already looking at).
+//! Slack is told off the reconcile path, so a slow or absent Slack never
+//! delays a runner, and at least once per hold: a post Slack refused, or
+//! one a restart cut off, is made again while the runner is held, and the
+//! runner's `SlackNotified` condition records when Slack accepted it
+//! (`controllers::ephemeral_runner::notify`). The post is what brings
+//! someone to the runner before its hold ends; a duplicate, only possible
+//! when the host stops between Slack's answer and the condition's write,
+//! costs a line in a channel.
 
 pub mod client;
 pub mod interactions;

@@ -1,8 +1,9 @@
 //! Carrying out a plan: one API call per step, in order.
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
@@ -154,10 +155,6 @@ async fn delete(
     }
 }
 
-/// Posts a held failure to the scale set's Slack channel in a task of its
-/// own: a slow or failing Slack never holds up the reconcile, and a
-/// failure is reported in the log and an event on the runner, never
-/// retried (see [`crate::slack`]).
 /// Publishes an event on the runner. Best effort: an event that cannot be
 /// written is logged, never a reason to fail the reconcile.
 ///
@@ -174,6 +171,24 @@ pub(super) async fn publish(
     reason: &str,
     note: String,
 ) {
+    publish_with(
+        &ctx.recorder,
+        &runner.object_ref(&()),
+        severity,
+        reason,
+        note,
+    )
+    .await;
+}
+
+/// [`publish`] from outside a reconcile (a task that outlives it).
+pub(super) async fn publish_with(
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    severity: Severity,
+    reason: &str,
+    note: String,
+) {
     let event = Event {
         type_: match severity {
             Severity::Normal => EventType::Normal,
@@ -184,8 +199,9 @@ pub(super) async fn publish(
         action: "Reconcile".to_string(),
         secondary: None,
     };
-    if let Err(error) = ctx.recorder.publish(&event, &runner.object_ref(&())).await {
-        tracing::warn!(runner = %runner.name_any(), %error, "publishing an event failed");
+    if let Err(error) = recorder.publish(&event, reference).await {
+        let runner = reference.name.as_deref().unwrap_or_default();
+        tracing::warn!(runner, %error, "publishing an event failed");
     }
 }
 

@@ -22,12 +22,12 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
-use super::plan::{SLACK_NOTIFIED, set_condition};
+use super::apply::publish_with;
+use super::plan::{SLACK_NOTIFIED, Severity, set_condition};
 use crate::api::{EphemeralRunner, EphemeralRunnerPhase};
 use crate::slack::HeldFailure;
 use crate::slack::client::read_token;
@@ -108,16 +108,14 @@ pub(super) fn notify(runner: &EphemeralRunner, failure: HeldFailure, ctx: &Conte
                         spec.channel
                     );
                     if attempt == 0 {
-                        let event = Event {
-                            type_: EventType::Warning,
-                            reason: "SlackNotificationFailed".into(),
-                            note: Some(why.clone()),
-                            action: "Notify".into(),
-                            secondary: None,
-                        };
-                        if let Err(error) = recorder.publish(&event, &reference).await {
-                            tracing::warn!(runner = %name, %error, "publishing an event failed");
-                        }
+                        publish_with(
+                            &recorder,
+                            &reference,
+                            Severity::Warning,
+                            "SlackNotificationFailed",
+                            why.clone(),
+                        )
+                        .await;
                     }
                     if !record(&runners, &name, &uid, false, "PostFailed", &why).await {
                         break;
