@@ -20,6 +20,13 @@ fn main() {
     let workspace = arcwright_guest_build::workspace();
     let guests = arcwright_guest_build::discover(&workspace);
     let bundled: Vec<_> = guests.iter().filter(|g| g.builtin.is_some()).collect();
+    // A controller without its bundled policies would fail every runner
+    // at run time: better no binary.
+    assert!(
+        !bundled.is_empty(),
+        "no bundled policy found under {}",
+        workspace.join("policies").display()
+    );
     let target_dir = arcwright_guest_build::target_dir(&workspace);
     arcwright_guest_build::build(&workspace, &target_dir, &bundled);
 

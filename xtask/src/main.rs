@@ -254,10 +254,16 @@ fn control_plane() -> Result<std::path::PathBuf> {
         .context("building the local control plane")
 }
 
-/// The workspace root: the xtask crate's parent directory.
+/// The workspace root: the xtask crate's parent directory. Where `cargo
+/// run` says the crate is, before where it was compiled from: a target
+/// directory shared with another checkout can hold an xtask compiled
+/// there, which would otherwise write the CRDs into that checkout.
 fn workspace_root() -> std::path::PathBuf {
-    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().unwrap_or(manifest).to_path_buf()
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
+        || env!("CARGO_MANIFEST_DIR").into(),
+        std::path::PathBuf::from,
+    );
+    manifest.parent().unwrap_or(&manifest).to_path_buf()
 }
 
 fn cargo(args: &[String]) -> Result<()> {

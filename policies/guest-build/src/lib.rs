@@ -54,16 +54,32 @@ pub struct Guest {
     pub dir: PathBuf,
 }
 
-/// The root of the workspace these guests belong to.
+/// The root of the workspace these guests belong to: the nearest directory
+/// above the calling build script's package (cargo tells a build script
+/// where its own package is, `CARGO_MANIFEST_DIR`, at run time) whose
+/// `Cargo.toml` declares a `[workspace]`.
 ///
-/// Taken from where this crate lives (`policies/guest-build`), which is
-/// where cargo compiled it from: a build script has no other way to find the
-/// workspace root, as cargo tells it only about its own package.
+/// Not where this crate was compiled from: cargo does not key a compiled
+/// path crate by its absolute location, so with a target directory shared
+/// between two checkouts (a CI cache, a second clone), a path fixed at
+/// compile time names the first checkout, and once that is gone no guest
+/// is found and the controller is built without its bundled policies.
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let compiled = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let caller = env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
+    let start = caller.as_deref().unwrap_or(compiled);
+    start
         .ancestors()
-        .nth(2)
-        .expect("this crate lives two levels below the workspace root")
+        .find(|dir| {
+            fs::read_to_string(dir.join("Cargo.toml"))
+                .is_ok_and(|manifest| manifest.lines().any(|l| l.trim() == "[workspace]"))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no Cargo.toml declaring a [workspace] above {}",
+                start.display()
+            )
+        })
         .to_path_buf()
 }
 
