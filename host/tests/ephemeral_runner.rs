@@ -15,7 +15,10 @@ use arcwright::actions::{
     ActionsClient, ConfigUrl, Credentials, JitRunnerSetting, RunnerScaleSet, Secret as Token,
 };
 use arcwright::api::{DebugSpec, SecretKeyRef, SlackSpec};
-use arcwright::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec};
+use arcwright::api::{
+    EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec, EphemeralRunnerStatus,
+    RENEWAL_ANNOTATION, RunnerRenewal,
+};
 use arcwright::controllers::Synced;
 use arcwright::controllers::ephemeral_runner::{
     self, Config, Dependencies, SlackConfig,
@@ -240,6 +243,16 @@ impl World {
         }
     }
 
+    /// Deletes the runner as a user (or its set) would, and waits until its
+    /// finalizer let it go.
+    async fn delete_and_wait_gone(&self, name: &str) {
+        self.runners()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+        self.wait_gone(name).await;
+    }
+
     async fn wait_gone(&self, name: &str) {
         let deadline = tokio::time::Instant::now() + WAIT;
         while self.runners().get_opt(name).await.unwrap().is_some() {
@@ -412,19 +425,103 @@ async fn jit_config_to_secret_to_pod_to_running_to_succeeded() {
         .await;
     assert_eq!(done.status.as_ref().unwrap().exit_code, Some(0));
     let deadline = tokio::time::Instant::now() + WAIT;
-    while world.pods().get_opt("r-ok").await.unwrap().is_some()
-        || world.secrets().get_opt("r-ok").await.unwrap().is_some()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "pod and Secret deleted"
-        );
+    while world.pods().get_opt("r-ok").await.unwrap().is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "pod deleted");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(world.ledger().jobs_succeeded, 1);
+    // The Secret stays for a renewal to write over (its registration is
+    // gone, so its config is good for nothing), and goes with the runner.
+    assert!(world.secrets().get_opt("r-ok").await.unwrap().is_some());
+    world.delete_and_wait_gone("r-ok").await;
+    assert!(world.secrets().get_opt("r-ok").await.unwrap().is_none());
+    assert_eq!(world.ledger().still_registered, 0);
     // Nothing in status or events carries the config.
     let text = serde_json::to_string(&done).unwrap() + &format!("{:?}", world.events("r-ok").await);
     assert!(!text.contains("jitToken\":\""), "{text}");
+}
+
+#[tokio::test]
+async fn a_renewed_runner_runs_its_next_job_on_a_new_registration_and_pod() {
+    let world = World::new("renewed-runner", fast_settings()).await;
+    let job = || JobSpec::new(1, &[]).lasting(Duration::from_millis(300));
+    world.acquire_jobs(job()).await;
+    world.create_runner("r-again").await;
+    let gone = |r: &EphemeralRunner| {
+        r.status
+            .as_ref()
+            .and_then(|s| s.condition("Registered"))
+            .is_some_and(|c| c.status == "False")
+    };
+    let first = world
+        .wait_runner("r-again", "succeeded, its registration gone", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Succeeded) && gone(r)
+        })
+        .await;
+    let first_id = first.status.as_ref().unwrap().runner_id;
+    let first_secret = world.secrets().get("r-again").await.unwrap();
+
+    // Renewed as its set renews it: the whole status written anew.
+    world.acquire_jobs(job()).await;
+    let renewed = EphemeralRunner {
+        status: Some(EphemeralRunnerStatus {
+            renewal: Some(RunnerRenewal {
+                count: 1,
+                patch_id: 2,
+                set_generation: 1,
+                renewed_at: Time(jiff::Timestamp::now()),
+            }),
+            ..EphemeralRunnerStatus::default()
+        }),
+        ..first.clone()
+    };
+    world
+        .runners()
+        .replace_status("r-again", &PostParams::default(), &renewed)
+        .await
+        .unwrap();
+    let second = world
+        .wait_runner("r-again", "succeeded again", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Succeeded)
+                && gone(r)
+                && r.status.as_ref().is_some_and(|s| s.renewals() == 1)
+        })
+        .await;
+    let status = second.status.unwrap();
+    assert_ne!(status.runner_id, first_id, "a registration of its own");
+    assert_eq!(second.metadata.uid, first.metadata.uid, "the same runner");
+
+    // The Secret was written over, not deleted and created: the same
+    // object, holding the new registration and saying for which renewal.
+    let secret = world.secrets().get("r-again").await.unwrap();
+    assert_eq!(secret.metadata.uid, first_secret.metadata.uid);
+    assert_eq!(
+        secret
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RENEWAL_ANNOTATION))
+            .map(String::as_str),
+        Some("1")
+    );
+    let data = secret.data.unwrap();
+    assert_eq!(
+        data["runnerId"].0,
+        status.runner_id.to_string().into_bytes()
+    );
+    // Two pods, one after the other, each with its own registration.
+    let runs = world.sim.runners();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let ledger = world.ledger();
+    assert_eq!(
+        (
+            ledger.jobs_succeeded,
+            ledger.self_deregistered,
+            ledger.still_registered
+        ),
+        (2, 2, 0),
+        "{ledger:?}"
+    );
 }
 
 #[tokio::test]
@@ -442,12 +539,7 @@ async fn a_clean_exit_costs_no_removal_call() {
                 .is_some_and(|c| c.status == "False")
         })
         .await;
-    world
-        .runners()
-        .delete("r-clean", &DeleteParams::default())
-        .await
-        .unwrap();
-    world.wait_gone("r-clean").await;
+    world.delete_and_wait_gone("r-clean").await;
     let ledger = world.ledger();
     assert_eq!(ledger.self_deregistered, 1);
     assert_eq!(ledger.still_registered, 0);
@@ -583,12 +675,7 @@ async fn stuck_terminating_pod_force_deleted() {
         })
         .await
         .expect("its node was lost");
-    world
-        .runners()
-        .delete("r-lost", &DeleteParams::default())
-        .await
-        .unwrap();
-    world.wait_gone("r-lost").await;
+    world.delete_and_wait_gone("r-lost").await;
     assert!(world.pods().get_opt("r-lost").await.unwrap().is_none());
     let events = world.events("r-lost").await;
     assert!(
@@ -694,12 +781,7 @@ async fn deleting_a_runner_whose_registration_is_already_gone() {
         .remove_runner(running.status.unwrap().runner_id)
         .await
         .unwrap();
-    world
-        .runners()
-        .delete("r-orphan", &DeleteParams::default())
-        .await
-        .unwrap();
-    world.wait_gone("r-orphan").await;
+    world.delete_and_wait_gone("r-orphan").await;
     assert!(world.pods().get_opt("r-orphan").await.unwrap().is_none());
     assert!(world.secrets().get_opt("r-orphan").await.unwrap().is_none());
     assert_eq!(world.ledger().remove_calls_for_absent_runners, 1);
@@ -742,12 +824,7 @@ async fn host_restarted_between_jit_config_and_pod_leaks_no_registration() {
         .counters()
         .calls(Endpoint::GenerateJitConfig);
     world.start_controller();
-    world
-        .runners()
-        .delete("r-crash-window", &DeleteParams::default())
-        .await
-        .unwrap();
-    world.wait_gone("r-crash-window").await;
+    world.delete_and_wait_gone("r-crash-window").await;
     assert_eq!(
         world
             .fake

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use arcwright::api::{
     EphemeralRunner, EphemeralRunnerSet, EphemeralRunnerSetPhase, EphemeralRunnerSetSpec,
-    EphemeralRunnerSetStatus, EphemeralRunnerSpec,
+    EphemeralRunnerSetStatus, EphemeralRunnerSpec, EphemeralRunnerStatus,
 };
 use arcwright::controllers::Synced;
 use arcwright::controllers::ephemeral_runner::FINALIZER as RUNNER_FINALIZER;
@@ -424,6 +424,77 @@ async fn scale_down_removes_only_idle_runners_and_leaves_busy_ones() {
     assert!(left[0].metadata.deletion_timestamp.is_none());
     h.until_status("one runner counted", |s| s.current_replicas == 1)
         .await;
+}
+
+#[tokio::test]
+async fn a_runner_that_succeeded_is_renewed_by_the_next_decision_not_replaced() {
+    let h = Harness::new("ers-renewal").await;
+    let runners = h.set_with_runners(2, 1).await;
+    let (done, live) = (&runners[0], &runners[1]);
+    h.idle(live).await;
+    // It ran its job and succeeded, its registration gone, as the runner
+    // controller reports it (one write). The decision it ran under was
+    // acted on: it waits for the next.
+    h.report(
+        done,
+        json!({"phase": "Succeeded", "runnerId": 100, "exitCode": 0,
+               "jobRequestId": 9, "jobId": "job-9", "jobRunnerId": 100,
+               "conditions": [{"type": "Registered", "status": "False",
+                  "reason": "SelfDeregistered", "message": "",
+                  "lastTransitionTime": jiff::Timestamp::now().to_string()}]}),
+    )
+    .await;
+    h.another_pass(0).await;
+    assert_eq!(names(&h.runners().await), runners, "kept in its window");
+    h.decide(2, 2).await;
+    let renewed = h
+        .until_runners("the runner renewed", |r| {
+            r.iter().any(|r| {
+                r.name_any() == *done && r.status.as_ref().is_some_and(|s| s.renewals() == 1)
+            })
+        })
+        .await;
+    assert_eq!(names(&renewed), runners, "no runner created or deleted");
+    let status = renewed[0].status.clone().unwrap();
+    let renewal = status.renewal.clone().unwrap();
+    assert_eq!((renewal.patch_id, renewal.count), (2, 1));
+    assert_eq!(
+        status,
+        EphemeralRunnerStatus {
+            renewal: Some(renewal),
+            ..EphemeralRunnerStatus::default()
+        },
+        "nothing of the job before is left"
+    );
+    h.until_status("counted as pending", |s| {
+        (s.pending_ephemeral_runners, s.running_ephemeral_runners) == (1, 1)
+    })
+    .await;
+
+    // The renewal carries the decision's patch id: a later pass of the
+    // same decision, with the runner succeeded again, does not renew it
+    // (the listener's next decision will, or patch id 0 removes it).
+    h.report(
+        done,
+        json!({"phase": "Succeeded", "runnerId": 102,
+               "conditions": [{"type": "Registered", "status": "False",
+                  "reason": "SelfDeregistered", "message": "",
+                  "lastTransitionTime": jiff::Timestamp::now().to_string()}]}),
+    )
+    .await;
+    h.another_pass(1).await;
+    let after = h.runners().await;
+    assert_eq!(names(&after), runners);
+    assert_eq!(after[0].status.as_ref().unwrap().renewals(), 1);
+    assert!(
+        after[0].metadata.deletion_timestamp.is_none(),
+        "waits in its window"
+    );
+    h.decide(1, 0).await;
+    h.until_runners("the finished runner deleted on patch id 0", |r| {
+        names(r) == [live.clone()]
+    })
+    .await;
 }
 
 #[tokio::test]

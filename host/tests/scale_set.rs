@@ -361,7 +361,9 @@ impl World {
     }
 
     /// Records the name of every runner seen with a job on its status.
-    fn record_busy_runners(&self) -> Arc<Mutex<BTreeSet<String>>> {
+    /// The jobs recorded on runners, with the runner and the registration
+    /// that ran each.
+    fn record_busy_runners(&self) -> Arc<Mutex<BTreeSet<(String, String, i64)>>> {
         let busy = Arc::new(Mutex::new(BTreeSet::new()));
         let seen = Arc::clone(&busy);
         let stream = watcher::watcher(self.runners(), watcher::Config::default()).applied_objects();
@@ -370,10 +372,14 @@ impl World {
             let mut stream = std::pin::pin!(stream.take_until(stop.cancelled_owned()));
             while let Some(Ok(runner)) = stream.next().await {
                 let status = runner.status.unwrap_or_default();
-                if status.job_id.is_some() && status.job_repository_name.is_some() {
-                    seen.lock()
-                        .unwrap()
-                        .insert(runner.metadata.name.unwrap_or_default());
+                if let Some(job) = status.job_id.clone()
+                    && status.job_repository_name.is_some()
+                {
+                    seen.lock().unwrap().insert((
+                        job,
+                        runner.metadata.name.unwrap_or_default(),
+                        status.job_runner_id,
+                    ));
                 }
             }
         });
@@ -457,7 +463,14 @@ async fn a_burst_gets_runners_up_to_max_and_the_set_returns_to_zero() {
 
     // Every job was recorded on the runner that ran it, which is what
     // keeps a busy runner from being scaled down.
-    assert_eq!(busy.lock().unwrap().len(), 6, "{busy:?}");
+    let busy = busy.lock().unwrap().clone();
+    let jobs: BTreeSet<&String> = busy.iter().map(|(job, _, _)| job).collect();
+    assert_eq!((jobs.len(), busy.len()), (6, 6), "{busy:?}");
+    // Each on a registration of its own, though runners that succeeded
+    // are renewed for the next job rather than replaced.
+    let registrations: BTreeSet<i64> = busy.iter().map(|(_, _, id)| *id).collect();
+    assert_eq!(registrations.len(), 6, "{busy:?}");
+    assert!(!registrations.contains(&0), "{busy:?}");
     let ledger = world.ledger();
     // Each job's runner deregistered itself; a runner created for demand
     // that was gone by the time it came up is removed by the host.

@@ -168,6 +168,13 @@ pub struct EphemeralRunnerStatus {
     /// The job's request id, set by the listener on JobStarted.
     #[serde(default)]
     pub job_request_id: i64,
+    /// The registration that ran the job (JobStarted's runner id), set by
+    /// the listener with the job. A runner renewed for another job gets a
+    /// new registration, so a record that reaches it late, about the job
+    /// of its registration before, names an id that is not the runner's:
+    /// it is not taken for the runner's job and is cleared. 0 when unknown.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub job_runner_id: i64,
     /// The job's id; set means the runner has a job (ARC's `HasJob`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_id: Option<String>,
@@ -207,12 +214,69 @@ pub struct EphemeralRunnerStatus {
     /// the `arcwright.dev/hold-until` annotation, capped by `maxHold`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold_until: Option<Time>,
+    /// Set when the EphemeralRunnerSet renewed the runner for another job
+    /// after it succeeded (see [`RunnerRenewal`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewal: Option<RunnerRenewal>,
+}
+
+/// A runner that succeeded, renewed by its set for another job instead of
+/// being deleted and replaced by a new runner.
+///
+/// A one-job runner costs the API server ten writes: the runner, its Secret
+/// and its pod created, three status writes, the three deleted, and the
+/// finalizer removed. Renewed, the same object and Secret serve the next
+/// job: the set resets the status (this write), the runner registers anew
+/// into its Secret (an update, not a delete and a create) and gets a new
+/// pod, and no runner is created, deleted or finalized; seven writes a job.
+/// What stays one-job is what must: every job still runs on a fresh
+/// registration, in a fresh pod.
+///
+/// The set writes the whole status when it renews, so nothing of the job
+/// before (phase, registration, job, conditions) survives into the next.
+/// The pod and Secret carry the count they were made for
+/// ([`RENEWAL_ANNOTATION`]), so those of the job before are never taken for
+/// the current one's.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunnerRenewal {
+    /// How many times the runner was renewed.
+    pub count: u32,
+    /// The listener's patch id the runner was renewed under; it stands for
+    /// the creation annotation's from then on.
+    #[serde(rename = "patchID")]
+    pub patch_id: i32,
+    /// The set's `metadata.generation` the renewal was decided on.
+    pub set_generation: i64,
+    /// When.
+    pub renewed_at: Time,
+}
+
+/// The annotation on a runner's pod and JIT config Secret saying which
+/// renewal of the runner they were made for (absent: none, the first job).
+pub const RENEWAL_ANNOTATION: &str = "arcwright.dev/renewal";
+
+fn is_zero(value: &i64) -> bool {
+    *value == 0
 }
 
 impl EphemeralRunnerStatus {
-    /// Whether the listener recorded a job for this runner.
+    /// Whether the listener recorded a job for this runner's registration:
+    /// a record naming another registration than the status's is of the
+    /// runner's job before a renewal (see [`Self::job_runner_id`]).
     pub fn has_job(&self) -> bool {
-        self.job_id.as_deref().is_some_and(|id| !id.is_empty()) || self.job_request_id != 0
+        let recorded =
+            self.job_id.as_deref().is_some_and(|id| !id.is_empty()) || self.job_request_id != 0;
+        recorded
+            && (self.job_runner_id == 0
+                || self.runner_id == 0
+                || self.job_runner_id == self.runner_id)
+    }
+
+    /// How many times the runner was renewed: which pod and Secret are its
+    /// current ones.
+    pub fn renewals(&self) -> u32 {
+        self.renewal.as_ref().map_or(0, |r| r.count)
     }
 
     /// The condition of `type_`, if any.

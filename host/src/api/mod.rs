@@ -20,6 +20,7 @@ pub use autoscaling_runner_set::{
 };
 pub use ephemeral_runner::{
     EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec, EphemeralRunnerStatus,
+    RENEWAL_ANNOTATION, RunnerRenewal,
 };
 pub use ephemeral_runner_set::{
     EphemeralRunnerSet, EphemeralRunnerSetPhase, EphemeralRunnerSetSpec, EphemeralRunnerSetStatus,

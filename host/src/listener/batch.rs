@@ -38,6 +38,13 @@ pub struct BatchPlan {
 /// offer) is not acquired; one completed and then offered again (requeued
 /// after its runner vanished) is. JobStarted and JobCompleted without a
 /// runner name cannot be recorded on a runner and only count as job events.
+///
+/// A job that started and ended on a runner within the batch is one record,
+/// its completion carrying its start, not two: a start recorded then tells
+/// nobody anything (the job is not running: no scale-down has a busy runner
+/// to spare), and it would be a write per job that lands, under the batch
+/// window, after the runner ended and may have been renewed for another
+/// job. Whether the completion is written at all is the sink's call.
 pub fn plan_batch(message: &Message, now: Timestamp) -> BatchPlan {
     let mut plan = BatchPlan {
         statistics: message.statistics,
@@ -91,10 +98,19 @@ pub fn plan_batch(message: &Message, now: Timestamp) -> BatchPlan {
                             result.clone()
                         },
                         finished_at: job.finish_time.unwrap_or(now),
+                        started: None,
                     });
                 }
             }
             JobMessage::Unknown => plan.unknown += 1,
+        }
+    }
+    for completed in &mut plan.completed {
+        if let Some(at) = plan.started.iter().position(|s| {
+            s.runner_request_id == completed.runner_request_id
+                && s.runner_name == completed.runner_name
+        }) {
+            completed.started = Some(plan.started.remove(at));
         }
     }
     plan
@@ -294,13 +310,41 @@ mod tests {
     }
 
     #[test]
+    fn a_job_started_and_ended_in_one_batch_is_one_record() {
+        let plan = plan_batch(
+            &message(vec![
+                started(1, "r-1"),
+                started(2, "r-2"),
+                completed(1, "r-1", "succeeded"),
+                // The same request on another runner (requeued): its own.
+                completed(2, "r-9", "failed"),
+            ]),
+            now(),
+        );
+        let started = |c: &JobCompleted| c.started.as_ref().map(|s| s.runner_request_id);
+        assert_eq!(
+            plan.completed.iter().map(started).collect::<Vec<_>>(),
+            [Some(1), None]
+        );
+        assert_eq!(
+            plan.started
+                .iter()
+                .map(|s| s.runner_name.as_str())
+                .collect::<Vec<_>>(),
+            ["r-2"]
+        );
+    }
+
+    #[test]
     fn records_carry_what_the_runner_status_shows() {
         let plan = plan_batch(
             &message(vec![started(1, "r-1"), completed(1, "r-1", "")]),
             now(),
         );
+        // One record, the completion carrying the start.
+        assert_eq!(plan.started, []);
         assert_eq!(
-            plan.started,
+            plan.completed[0].started.as_slice(),
             [JobStarted {
                 runner_name: "r-1".into(),
                 runner_id: 7,

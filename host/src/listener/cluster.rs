@@ -322,18 +322,29 @@ fn time(at: Timestamp) -> Time {
     Time(at)
 }
 
+/// The status fields of a job's start. The registration that runs the job
+/// goes with it, and a result left from the job before is cleared: a
+/// renewed runner carries one job after another (see `RunnerRenewal`), and
+/// neither a late record of the one before nor its result is to be taken
+/// for this one's.
+fn started_fields(job: &JobStarted) -> serde_json::Value {
+    json!({
+        "jobRequestId": job.runner_request_id,
+        "jobRunnerId": job.runner_id,
+        "jobResult": null,
+        "jobFinishedAt": null,
+        "jobId": job.job_id,
+        "jobRepositoryName": job.repository,
+        "jobWorkflowRef": job.workflow_ref,
+        "workflowRunId": job.workflow_run_id,
+        "jobDisplayName": job.job_display_name,
+        "jobStartedAt": time(job.started_at),
+    })
+}
+
 impl JobSink for RunnerJobs {
     async fn job_started(&self, job: JobStarted) -> Result<(), ListenerError> {
-        let status = json!({
-            "jobRequestId": job.runner_request_id,
-            "jobId": job.job_id,
-            "jobRepositoryName": job.repository,
-            "jobWorkflowRef": job.workflow_ref,
-            "workflowRunId": job.workflow_run_id,
-            "jobDisplayName": job.job_display_name,
-            "jobStartedAt": time(job.started_at),
-        });
-        self.record(&job.runner_name, status).await
+        self.record(&job.runner_name, started_fields(&job)).await
     }
 
     async fn job_completed(&self, job: JobCompleted) -> Result<(), ListenerError> {
@@ -344,10 +355,13 @@ impl JobSink for RunnerJobs {
         if !self.record_successes && job.result.eq_ignore_ascii_case("succeeded") {
             return Ok(());
         }
-        let status = json!({
-            "jobResult": job.result,
-            "jobFinishedAt": time(job.finished_at),
-        });
+        let mut status = job
+            .started
+            .as_ref()
+            .map_or_else(|| json!({}), started_fields);
+        status["jobRunnerId"] = json!(job.runner_id);
+        status["jobResult"] = json!(job.result);
+        status["jobFinishedAt"] = json!(time(job.finished_at));
         self.record(&job.runner_name, status).await
     }
 }

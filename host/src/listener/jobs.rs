@@ -52,6 +52,9 @@ pub struct JobCompleted {
     pub result: String,
     /// When it finished.
     pub finished_at: Timestamp,
+    /// The job's start, when the same message carried it: then it is not
+    /// recorded on its own (see [`super::batch::plan_batch`]).
+    pub started: Option<JobStarted>,
 }
 
 /// Where a listener records jobs on their runners.

@@ -50,7 +50,9 @@ pub(super) async fn apply(
                     .await
                     .map_err(kube_error("patch the runner status"))?;
             }
-            Step::Register => register(runner, ctx, &runners, &secrets).await?,
+            Step::Register { replacing } => {
+                register(runner, ctx, &runners, &secrets, replacing.as_deref()).await?;
+            }
             Step::CreatePod => {
                 let pod = runner_pod(runner, &ctx.config.user_agent);
                 match pods.create(&PostParams::default(), &pod).await {
@@ -211,11 +213,17 @@ pub(super) async fn publish_with(
 /// an earlier attempt made and lost before writing the Secret (a crash, a
 /// timeout after the service acted): its config cannot be read back, so it
 /// is removed and the runner registered again. It is never left behind.
+///
+/// A renewed runner's Secret of the job before (`replacing`, its
+/// resourceVersion) is written over, on the condition that it is still
+/// that one: a Secret written since is a registration this pass does not
+/// know of, and is never lost to it.
 async fn register(
     runner: &EphemeralRunner,
     ctx: &Context,
     runners: &Api<EphemeralRunner>,
     secrets: &Api<Secret>,
+    replacing: Option<&str>,
 ) -> Result<(), EphemeralRunnerError> {
     let name = runner.name_any();
     let scale_set = runner.spec.runner_scale_set_id;
@@ -235,8 +243,17 @@ async fn register(
         Err(error) => return Err(error.into()),
     };
     let runner_id = jit.runner.id;
-    let secret = jit_secret(runner, runner_id, &jit.runner.name, jit_value(&jit));
-    match secrets.create(&PostParams::default(), &secret).await {
+    let mut secret = jit_secret(runner, runner_id, &jit.runner.name, jit_value(&jit));
+    let written = match replacing {
+        None => secrets.create(&PostParams::default(), &secret).await,
+        Some(version) => {
+            secret.metadata.resource_version = Some(version.to_owned());
+            secrets
+                .replace(&name, &PostParams::default(), &secret)
+                .await
+        }
+    };
+    match written {
         Ok(_) => {}
         Err(error) => {
             // The registration is useless without its Secret: remove it

@@ -86,6 +86,7 @@ pub(super) fn pod_view(pod: &Pod) -> PodView {
         ready,
         finished,
         failure_message,
+        renewal: super::resources::renewal_of(&pod.metadata),
     }
 }
 
@@ -368,6 +369,8 @@ mod tests {
             secret: Some(SecretView {
                 runner_id: 7,
                 runner_name: "r".into(),
+                renewal: 0,
+                resource_version: "1".into(),
             }),
             pool: PoolView::Idle,
             verdict: None,

@@ -24,6 +24,14 @@
 //! only on proof (removed, not found, self-deregistered, never registered)
 //! and True when a new JIT config is created, which happens only once the
 //! previous registration is gone, so it always describes the current id.
+//!
+//! A runner that succeeded may be renewed by its set for another job (see
+//! `RunnerRenewal`): the set writes its status anew only once it is
+//! Succeeded with `Registered` False, so no registration is ever forgotten,
+//! and from there the runner starts over as a new one would, except that
+//! the pod and Secret left by the job before (the pod is deleted when the
+//! job ends; the Secret is kept for this) are told apart by the renewal
+//! they were made for: the pod is waited out, the Secret written over.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -158,6 +166,8 @@ pub struct PodView {
     pub finished: Option<Timestamp>,
     /// The pod's reason and message when it failed, for events.
     pub failure_message: Option<String>,
+    /// The renewal of the runner it was made for.
+    pub renewal: u32,
 }
 
 /// The non-secret half of the JIT config Secret.
@@ -167,6 +177,11 @@ pub struct SecretView {
     pub runner_id: i64,
     /// Its name.
     pub runner_name: String,
+    /// The renewal of the runner it was made for.
+    pub renewal: u32,
+    /// Its resourceVersion, so that replacing one made for an earlier
+    /// renewal is conditional on it being that one still.
+    pub resource_version: String,
 }
 
 /// What the unregistration pool says about the registration of the current
@@ -259,7 +274,11 @@ pub enum Step {
     PatchStatus(serde_json::Value),
     /// Register the runner (a JIT config), store it in its Secret and record
     /// the registration in the status.
-    Register,
+    Register {
+        /// The resourceVersion of the Secret of the job before a renewal,
+        /// which the new one replaces (the same name); none: it is created.
+        replacing: Option<String>,
+    },
     /// Create the runner pod from the template.
     CreatePod,
     /// Delete the pod with this uid.
@@ -332,6 +351,9 @@ impl Plan {
 struct StatusPatch {
     current: serde_json::Value,
     fields: serde_json::Map<String, serde_json::Value>,
+    /// Fields written only along with others: tidying that is no reason
+    /// for a write of its own.
+    along: serde_json::Map<String, serde_json::Value>,
     conditions: Vec<Condition>,
     conditions_changed: bool,
     /// The condition types set in this pass.
@@ -343,6 +365,7 @@ impl StatusPatch {
         Self {
             current: serde_json::to_value(status).unwrap_or_default(),
             fields: serde_json::Map::new(),
+            along: serde_json::Map::new(),
             conditions: status.conditions.clone(),
             conditions_changed: false,
             decided: Vec::new(),
@@ -357,6 +380,13 @@ impl StatusPatch {
             self.fields.remove(key);
         } else {
             self.fields.insert(key.to_string(), value);
+        }
+    }
+
+    /// Sets a field with the next write, if there is one.
+    fn set_along(&mut self, key: &str, value: serde_json::Value) {
+        if self.current.get(key).unwrap_or(&serde_json::Value::Null) != &value {
+            self.along.insert(key.to_string(), value);
         }
     }
 
@@ -414,7 +444,13 @@ impl StatusPatch {
             self.fields
                 .insert("conditions".into(), json!(self.conditions));
         }
-        (!self.fields.is_empty()).then(|| Step::PatchStatus(json!({ "status": self.fields })))
+        if self.fields.is_empty() {
+            return None;
+        }
+        for (key, value) in self.along {
+            self.fields.entry(key).or_insert(value);
+        }
+        Some(Step::PatchStatus(json!({ "status": self.fields })))
     }
 }
 
@@ -640,15 +676,36 @@ fn ensure_gone(
     }
 }
 
-/// Deletes the pod (or force-deletes one stuck terminating) and the Secret.
-/// Returns whether both are gone already.
-fn clean_up(obs: &Observed<'_>, settings: &Settings, plan: &mut Plan) -> bool {
+/// What a clean-up leaves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    Nothing,
+    /// The Secret of a runner that succeeded: if its set renews it, the
+    /// next registration is written over it (one write, where deleting it
+    /// now would make two); if not, it goes with the runner. It holds a
+    /// config whose registration is gone, which nothing can use.
+    Secret,
+}
+
+impl Keep {
+    fn for_ended(phase: EphemeralRunnerPhase) -> Self {
+        if phase == EphemeralRunnerPhase::Succeeded {
+            Self::Secret
+        } else {
+            Self::Nothing
+        }
+    }
+}
+
+/// Deletes the pod (or force-deletes one stuck terminating) and the Secret
+/// unless it is kept. Returns whether both are gone already.
+fn clean_up(obs: &Observed<'_>, settings: &Settings, keep: Keep, plan: &mut Plan) -> bool {
     let mut gone = true;
     if let Some(pod) = &obs.pod {
         gone = false;
         terminate(obs, pod, settings, plan);
     }
-    if obs.secret.is_some() {
+    if obs.secret.is_some() && keep != Keep::Secret {
         gone = false;
         plan.step(Step::DeleteSecret);
     }
@@ -701,13 +758,53 @@ fn has_runner_container(runner: &EphemeralRunner) -> bool {
 
 /// The registration the runner's steps are about: the status's, or while
 /// the status names none (a first registration not copied in yet, see
-/// [`Step::Register`]), the Secret's.
+/// [`Step::Register`]), the Secret's, if it was made for the runner's
+/// current renewal (one of the job before a renewal holds a registration
+/// that is gone).
 pub fn registration_id(status: &EphemeralRunnerStatus, secret: Option<&SecretView>) -> i64 {
     if status.runner_id != 0 {
         status.runner_id
     } else {
-        secret.map_or(0, |s| s.runner_id)
+        secret
+            .filter(|s| s.renewal == status.renewals())
+            .map_or(0, |s| s.runner_id)
     }
+}
+
+/// The job fields the listener writes; cleared together when they are
+/// about another registration than the runner's.
+const JOB_FIELDS: [&str; 10] = [
+    "jobRequestId",
+    "jobRunnerId",
+    "jobId",
+    "jobRepositoryName",
+    "jobWorkflowRef",
+    "workflowRunId",
+    "jobDisplayName",
+    "jobStartedAt",
+    "jobResult",
+    "jobFinishedAt",
+];
+
+/// The status without a job record that names another registration than
+/// `runner_id`, if it holds one: a record of the runner's job before a
+/// renewal that reached it after the renewal (the listener writes what the
+/// service says when it gets to it, and the set may renew a runner before
+/// then). Such a record is not this runner's job: taken for one, it would
+/// make an idle runner look busy, and no scale-down would ever take it.
+fn without_earlier_job(
+    status: &EphemeralRunnerStatus,
+    runner_id: i64,
+) -> Option<EphemeralRunnerStatus> {
+    if status.job_runner_id == 0 || status.job_runner_id == runner_id {
+        return None;
+    }
+    let mut value = serde_json::to_value(status).ok()?;
+    let fields = value.as_object_mut()?;
+    for key in JOB_FIELDS {
+        fields.remove(key);
+    }
+    serde_json::from_value(value).ok()
 }
 
 /// Decides one reconcile of an EphemeralRunner; see the module docs.
@@ -717,6 +814,20 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<
     let status = runner.status.as_ref().unwrap_or(&default_status);
     let mut plan = Plan::default();
     let mut patch = StatusPatch::new(status);
+    // A renewed runner's pod and Secret are its own only once made for its
+    // current renewal; until then the ones there are the job before's, to
+    // be deleted or written over, never used (see `RunnerRenewal`). The
+    // rules below see only the current ones; cleaning up takes any.
+    let all = obs;
+    let renewals = status.renewals();
+    let earlier_pod = obs.pod.as_ref().filter(|p| p.renewal != renewals);
+    let earlier_secret = obs.secret.as_ref().filter(|s| s.renewal != renewals);
+    let current = Observed {
+        pod: obs.pod.clone().filter(|p| p.renewal == renewals),
+        secret: obs.secret.clone().filter(|s| s.renewal == renewals),
+        ..obs.clone()
+    };
+    let obs = &current;
     let runner_id = registration_id(status, obs.secret.as_ref());
     let has_finalizer = runner
         .metadata
@@ -730,7 +841,7 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<
         }
         if let Registration::Gone = ensure_gone(
             obs, settings, status, runner_id, true, &mut patch, &mut plan,
-        )? && clean_up(obs, settings, &mut plan)
+        )? && clean_up(all, settings, Keep::Nothing, &mut plan)
         {
             plan.step(Step::RemoveFinalizer);
         }
@@ -741,6 +852,30 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<
         return Ok(plan);
     }
 
+    if let Some(pod) = earlier_pod {
+        // The pod of the job before the renewal, deleted when that job
+        // ended: the next pod has its name, so it is waited out (its
+        // deletion wakes this runner).
+        terminate(obs, pod, settings, &mut plan);
+        return Ok(finish(obs, status, plan, patch));
+    }
+    // A record of the job before is no job of this runner's: decided on
+    // as absent, and cleared with the next status write (which the runner
+    // running, at the latest, makes; until then the set, which cannot tell
+    // it from a record of this runner's, only keeps the runner a little
+    // longer from a scale-down).
+    let cleared;
+    let status = match without_earlier_job(status, runner_id) {
+        Some(without) => {
+            for key in JOB_FIELDS {
+                patch.set_along(key, serde_json::Value::Null);
+            }
+            cleared = without;
+            &cleared
+        }
+        None => status,
+    };
+
     let phase = status.phase.unwrap_or_default();
     if phase == EphemeralRunnerPhase::Debugging {
         debugging(obs, settings, status, runner_id, &mut patch, &mut plan)?;
@@ -750,7 +885,7 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<
         if let Registration::Gone = ensure_gone(
             obs, settings, status, runner_id, true, &mut patch, &mut plan,
         )? {
-            clean_up(obs, settings, &mut plan);
+            clean_up(all, settings, Keep::for_ended(phase), &mut plan);
         }
         return Ok(finish(obs, status, plan, patch));
     }
@@ -769,7 +904,15 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<
             terminate(obs, pod, settings, &mut plan);
         }
         Some(pod) => running(obs, settings, status, runner_id, pod, &mut patch, &mut plan)?,
-        None => absent(obs, settings, status, runner_id, &mut patch, &mut plan)?,
+        None => absent(
+            obs,
+            settings,
+            status,
+            runner_id,
+            earlier_secret,
+            &mut patch,
+            &mut plan,
+        )?,
     }
     // A runner that ends in this reconcile goes on to its ending at once,
     // as the next reconcile would from the status written: one status
@@ -782,7 +925,8 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<
             obs, settings, &ended, runner_id, true, &mut patch, &mut plan,
         )?
     {
-        clean_up(obs, settings, &mut plan);
+        let keep = Keep::for_ended(ended.phase.unwrap_or_default());
+        clean_up(obs, settings, keep, &mut plan);
     }
     Ok(finish(obs, status, plan, patch))
 }
@@ -1233,7 +1377,7 @@ fn debugging(
             patch.condition(HELD, false, "HoldEnded", &why, obs.now);
             plan.event(Severity::Normal, "HoldEnded", why);
             if let Registration::Gone = registration {
-                clean_up(obs, settings, plan);
+                clean_up(obs, settings, Keep::Nothing, plan);
             }
         }
     }
@@ -1356,11 +1500,13 @@ fn failed_start(
 }
 
 /// No pod: register if needed, then create the pod, minding the backoff.
+#[allow(clippy::too_many_arguments)]
 fn absent(
     obs: &Observed<'_>,
     settings: &Settings,
     status: &EphemeralRunnerStatus,
     runner_id: i64,
+    earlier_secret: Option<&SecretView>,
     patch: &mut StatusPatch,
     plan: &mut Plan,
 ) -> Result<(), Need> {
@@ -1395,7 +1541,9 @@ fn absent(
         // The pod in the same pass: registering records the registration
         // (Secret, then status) before it returns, and a pod that cannot be
         // created is retried from that record.
-        plan.step(Step::Register);
+        plan.step(Step::Register {
+            replacing: earlier_secret.map(|s| s.resource_version.clone()),
+        });
         plan.step(Step::CreatePod);
     } else {
         plan.step(Step::CreatePod);
@@ -1544,6 +1692,7 @@ mod tests {
             failed: false,
             init_failed: false,
             failure_message: None,
+            renewal: 0,
         }
     }
 
@@ -1558,6 +1707,8 @@ mod tests {
         Some(SecretView {
             runner_id: id,
             runner_name: "r".into(),
+            renewal: 0,
+            resource_version: "1".into(),
         })
     }
 
@@ -1673,7 +1824,7 @@ mod tests {
                 Step::AddFinalizer => "add-finalizer",
                 Step::RemoveFinalizer => "remove-finalizer",
                 Step::PatchStatus(_) => "status",
-                Step::Register => "register",
+                Step::Register { .. } => "register",
                 Step::CreatePod => "create-pod",
                 Step::DeletePod { .. } => "delete-pod",
                 Step::ForceDeletePod { .. } => "force-delete-pod",
@@ -1759,11 +1910,12 @@ mod tests {
             ),
             (
                 "exit 0 is Succeeded, and in the same pass, the runner having \
-                 removed its registration itself, its pod and Secret go",
+                 removed its registration itself, its pod goes (its Secret \
+                 waits for a renewal to be written over, or the runner's end)",
                 case(Runner::new().registered(7).phase(Running))
                     .secret(7)
                     .pod(exited(0)),
-                vec!["status", "count", "delete-pod", "delete-secret"],
+                vec!["status", "count", "delete-pod"],
             ),
             (
                 "exit 7 is Outdated, and its registration is handed to the pool at once",
@@ -1890,6 +2042,178 @@ mod tests {
         assert_eq!(kinds(&steps), vec!["delete-pod", "delete-secret"]);
     }
 
+    impl Runner {
+        /// Renewed by its set `count` times: the status written anew.
+        fn renewed(self, count: u32) -> Self {
+            self.status(|s| {
+                *s = EphemeralRunnerStatus {
+                    renewal: Some(crate::api::RunnerRenewal {
+                        count,
+                        patch_id: 4,
+                        set_generation: 1,
+                        renewed_at: Time(at(0)),
+                    }),
+                    ..EphemeralRunnerStatus::default()
+                }
+            })
+        }
+    }
+
+    impl Case {
+        /// The pod and Secret there were made for renewal `renewal`.
+        fn made_for(mut self, renewal: u32) -> Self {
+            if let Some(pod) = self.pod.as_mut() {
+                pod.renewal = renewal;
+            }
+            if let Some(secret) = self.secret.as_mut() {
+                secret.renewal = renewal;
+            }
+            self
+        }
+    }
+
+    #[test]
+    fn a_renewed_runner_registers_anew_over_the_secret_of_the_job_before() {
+        // The job before's pod went when it ended; its Secret stayed.
+        let steps = case(Runner::new().renewed(1)).secret(7).made_for(0).steps();
+        assert_eq!(
+            steps,
+            vec![
+                Step::Register {
+                    replacing: Some("1".into())
+                },
+                Step::CreatePod
+            ],
+            "no status write: the reset status is the renewal's own"
+        );
+        // Its registration 7 is gone with that job: nothing asks about it.
+        assert_eq!(
+            registration_id(
+                &Runner::new().renewed(1).0.status.unwrap(),
+                secret(7).as_ref()
+            ),
+            0
+        );
+
+        // The job before's pod, still going: waited out (the next pod has
+        // its name), nothing registered meanwhile.
+        let mut going = exited(0);
+        going.deleting_since = Some(at(9));
+        let steps = case(Runner::new().renewed(1))
+            .secret(7)
+            .pod(going)
+            .made_for(0)
+            .steps();
+        assert_eq!(kinds(&steps), Vec::<&str>::new());
+        let steps = case(Runner::new().renewed(1))
+            .secret(7)
+            .pod(exited(0))
+            .made_for(0)
+            .steps();
+        assert_eq!(
+            kinds(&steps),
+            vec!["delete-pod"],
+            "not taken for this job's exit"
+        );
+
+        // Registered and running: the Running write carries the new
+        // registration, as a first one's does.
+        let steps = case(Runner::new().renewed(1))
+            .secret(9)
+            .pod(pod(RunnerContainer::Running))
+            .made_for(1)
+            .steps();
+        let status = status_of(&steps);
+        assert_eq!(kinds(&steps), vec!["status"]);
+        assert_eq!(
+            (status["runnerId"].as_i64(), status["phase"].as_str()),
+            (Some(9), Some("Running"))
+        );
+        assert_eq!(
+            registered_condition(&steps),
+            Some(("True".into(), "JitConfigCreated".into()))
+        );
+    }
+
+    #[test]
+    fn a_late_record_of_the_job_before_a_renewal_is_not_the_runners_job() {
+        let late = |r: Runner| {
+            r.status(|s| {
+                s.job_id = Some("old-job".into());
+                s.job_request_id = 3;
+                s.job_runner_id = 7;
+                s.job_result = Some("failed".into());
+            })
+        };
+        // Its pod, made for the renewal, runs registration 9.
+        let running_on_9 = |r: Runner| {
+            case(r)
+                .secret(9)
+                .pod(pod(RunnerContainer::Running))
+                .made_for(1)
+                .steps()
+        };
+        // Running on registration 9, it reads as idle; the record is no
+        // reason for a write of its own.
+        let runner = late(Runner::new().renewed(1).registered(9).phase(Running));
+        assert!(!runner.0.status.as_ref().unwrap().has_job());
+        let ready = runner.clone().status(|s| s.ready = true);
+        let steps = running_on_9(ready);
+        assert_eq!(steps, vec![]);
+        // It goes with the next write (the pod turning ready, here).
+        let steps = running_on_9(runner);
+        assert_eq!(kinds(&steps), vec!["status"]);
+        let status = status_of(&steps);
+        assert_eq!(status["ready"], true);
+        for key in ["jobId", "jobRequestId", "jobRunnerId", "jobResult"] {
+            assert!(
+                status[key].is_null() && status.get(key).is_some(),
+                "{key} cleared: {status}"
+            );
+        }
+        // Its job is, and stays.
+        let own = late(Runner::new().renewed(1).registered(9).phase(Running)).status(|s| {
+            s.ready = true;
+            s.job_runner_id = 9;
+            s.job_result = None;
+        });
+        assert!(own.0.status.as_ref().unwrap().has_job());
+        let steps = running_on_9(own);
+        assert_eq!(steps, vec![]);
+        // Before the runner registered again, any record is of the job
+        // before: it registers, and the record goes with its Running write.
+        let steps = case(late(Runner::new().renewed(1)))
+            .secret(7)
+            .made_for(0)
+            .steps();
+        assert_eq!(kinds(&steps), vec!["register", "create-pod"]);
+        let steps = running_on_9(late(Runner::new().renewed(1)));
+        let status = status_of(&steps);
+        assert_eq!(
+            (status["runnerId"].as_i64(), &status["jobId"]),
+            (Some(9), &serde_json::Value::Null)
+        );
+        assert!(status.get("jobId").is_some(), "{status}");
+    }
+
+    #[test]
+    fn a_renewed_runner_deleted_cleans_up_the_job_befores_objects() {
+        let steps = case(Runner::new().renewed(1).deleting())
+            .secret(7)
+            .pod(exited(0))
+            .made_for(0)
+            .steps();
+        assert!(!kinds(&steps).contains(&"deregister"), "{steps:?}");
+        assert_eq!(
+            registered_condition(&steps),
+            Some(("False".into(), "NeverRegistered".into()))
+        );
+        assert!(
+            kinds(&steps).ends_with(&["delete-pod", "delete-secret"]),
+            "{steps:?}"
+        );
+    }
+
     #[test]
     fn a_self_deregistered_runner_costs_no_removal() {
         let runner = Runner::new()
@@ -1910,10 +2234,7 @@ mod tests {
             verdict: "self-deregistered",
             outcome: "skipped"
         }));
-        assert_eq!(
-            kinds(&steps),
-            vec!["status", "count", "delete-pod", "delete-secret"]
-        );
+        assert_eq!(kinds(&steps), vec!["status", "count", "delete-pod"]);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::Resource;
 
 use super::plan::{RUNNER_CONTAINER, SecretView};
-use crate::api::{EphemeralRunner, labels};
+use crate::api::{EphemeralRunner, RENEWAL_ANNOTATION, labels};
 
 /// The Secret key holding the encoded JIT config (ARC's).
 pub const JIT_TOKEN_KEY: &str = "jitToken";
@@ -83,12 +83,14 @@ pub fn jit_secret(
     .into_iter()
     .map(|(k, v)| (k.to_string(), ByteString(v.into_bytes())))
     .collect();
+    let mut annotations = meta.and_then(|m| m.annotations.clone());
+    mark_renewal(runner, &mut annotations);
     Secret {
         metadata: ObjectMeta {
             name: runner.metadata.name.clone(),
             namespace: runner.metadata.namespace.clone(),
             labels: Some(labels),
-            annotations: meta.and_then(|m| m.annotations.clone()),
+            annotations,
             owner_references: Some(vec![owner_reference(runner)]),
             ..ObjectMeta::default()
         },
@@ -114,7 +116,32 @@ pub fn read_jit_secret(secret: &Secret) -> Option<SecretView> {
     Some(SecretView {
         runner_id: text(RUNNER_ID_KEY)?.parse().ok()?,
         runner_name: text(RUNNER_NAME_KEY)?,
+        renewal: renewal_of(&secret.metadata),
+        resource_version: secret.metadata.resource_version.clone().unwrap_or_default(),
     })
+}
+
+/// Records on an owned object which renewal of the runner it is made for;
+/// nothing for the first job, so objects of runners never renewed look as
+/// they always did.
+fn mark_renewal(runner: &EphemeralRunner, annotations: &mut Option<BTreeMap<String, String>>) {
+    let renewals = runner.status.as_ref().map_or(0, |s| s.renewals());
+    if renewals > 0 {
+        annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(RENEWAL_ANNOTATION.to_string(), renewals.to_string());
+    }
+}
+
+/// Which renewal of its runner an owned object was made for (see
+/// [`mark_renewal`]); an annotation someone broke reads as the first job's,
+/// which only a runner never renewed takes for its own.
+pub fn renewal_of(meta: &ObjectMeta) -> u32 {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(RENEWAL_ANNOTATION))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// What the watch cache keeps of a JIT config Secret: everything but the
@@ -188,12 +215,14 @@ pub fn runner_pod(runner: &EphemeralRunner, user_agent: &str) -> Pod {
             ..EnvVar::default()
         });
     }
+    let mut annotations = template_meta.annotations;
+    mark_renewal(runner, &mut annotations);
     Pod {
         metadata: ObjectMeta {
             name: Some(name),
             namespace: runner.metadata.namespace.clone(),
             labels: Some(labels),
-            annotations: template_meta.annotations,
+            annotations,
             owner_references: Some(vec![owner_reference(runner)]),
             ..ObjectMeta::default()
         },
@@ -290,7 +319,9 @@ mod tests {
             read_jit_secret(&secret),
             Some(SecretView {
                 runner_id: 7,
-                runner_name: "set-runner-abc".into()
+                runner_name: "set-runner-abc".into(),
+                renewal: 0,
+                resource_version: String::new(),
             }),
             "still reads as a complete config"
         );
@@ -322,8 +353,50 @@ mod tests {
             read_jit_secret(&secret),
             Some(SecretView {
                 runner_id: 42,
-                runner_name: "set-runner-abc".into()
+                runner_name: "set-runner-abc".into(),
+                renewal: 0,
+                resource_version: String::new(),
             })
+        );
+        let pod = runner_pod(&runner, "ua");
+        assert!(
+            !pod.metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key(RENEWAL_ANNOTATION),
+            "a runner never renewed marks nothing"
+        );
+    }
+
+    #[test]
+    fn a_renewed_runners_pod_and_secret_say_which_renewal_they_are_for() {
+        let mut runner = runner();
+        runner.status = Some(crate::api::EphemeralRunnerStatus {
+            renewal: Some(crate::api::RunnerRenewal {
+                count: 3,
+                patch_id: 1,
+                set_generation: 1,
+                renewed_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    jiff::Timestamp::UNIX_EPOCH,
+                ),
+            }),
+            ..Default::default()
+        });
+        let pod = runner_pod(&runner, "ua");
+        assert_eq!(renewal_of(&pod.metadata), 3);
+        let secret = jit_secret(&runner, 42, "set-runner-abc", "c2VjcmV0");
+        assert_eq!(read_jit_secret(&secret).map(|s| s.renewal), Some(3));
+
+        let mut broken = pod.metadata.clone();
+        broken
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(RENEWAL_ANNOTATION.into(), "x".into());
+        assert_eq!(
+            renewal_of(&broken),
+            0,
+            "a broken mark reads as the first job's"
         );
     }
 

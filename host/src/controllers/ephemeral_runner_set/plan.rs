@@ -15,7 +15,13 @@
 //!    spec (seed 004).
 //! 3. Finished runners (Succeeded, or Failed, which the runner's own
 //!    controller only reports once its failure limit is spent) are deleted;
-//!    the runner's finalizer takes care of its registration.
+//!    the runner's finalizer takes care of its registration. A runner that
+//!    succeeded, whose registration is gone, and that was built from the
+//!    applied revision is renewable instead: a decision that wants runners
+//!    renews it (a new registration and pod under the same object, see
+//!    `RunnerRenewal`) rather than creating one, and it waits up to
+//!    [`RENEWAL_WINDOW`] for such a decision before it is deleted (at once
+//!    on patch id 0, which says no decision is coming).
 //! 4. An Outdated runner built from an older revision than the applied one
 //!    judged a spec that no longer exists: it is deleted and replaced. One
 //!    built from the applied revision judged the current spec: it holds the
@@ -49,6 +55,18 @@ pub const CLEANUP_POLL: Duration = Duration::from_secs(10);
 /// How often a settled set is looked at even if nothing wakes it: the
 /// eventual-consistency net for a missed watch event.
 pub const RESYNC: Duration = Duration::from_secs(300);
+
+/// How long a renewable runner (rule 3) waits for a decision that renews
+/// it before it is deleted.
+///
+/// Under a burst, a runner finishes its job a little before the listener
+/// hears of it and asks for a replacement (its messages are read in
+/// batches): a runner deleted the moment it finished would be gone by
+/// then, and the replacement made from scratch, three API server writes
+/// more than a renewal (the runner created, deleted and finalized). A few
+/// batch windows cover that; a longer wait only keeps a finished runner's
+/// object (its pod is gone already) a little longer when no job follows.
+pub const RENEWAL_WINDOW: Duration = Duration::from_secs(10);
 
 /// The least time between two status writes of a set that only move its
 /// runner counts.
@@ -117,6 +135,9 @@ pub struct RunnerView {
     pub revision: i64,
     /// The set generation it was built from (annotation).
     pub set_generation: Option<i64>,
+    /// How long ago it succeeded with its registration gone, when it did:
+    /// it can be renewed (rule 3).
+    pub renewable_for: Option<Duration>,
 }
 
 impl RunnerView {
@@ -177,7 +198,7 @@ pub struct Creation {
 }
 
 /// What to do, in the order the apply layer does it: finalizer, deletions,
-/// creations, then the status, last.
+/// renewals, creations, then the status, last.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
     /// Add our finalizer, then look again (nothing else is done first, so
@@ -185,6 +206,9 @@ pub struct Plan {
     pub add_finalizer: bool,
     /// Runners to delete, by name.
     pub delete: Vec<(String, DeleteReason)>,
+    /// Runners to renew, by name, in place of creating as many: under the
+    /// patch id and set generation a creation would carry.
+    pub renew: Vec<String>,
     /// Runners to create.
     pub create: Option<Creation>,
     /// The status to write, when it differs from the current one. It
@@ -244,12 +268,18 @@ pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
     let cleanup_done = applied >= set.actionable_revision;
 
     let mut live: Vec<&RunnerView> = Vec::new();
+    let mut renewable: Vec<&RunnerView> = Vec::new();
     let mut current_outdated = false;
     for r in runners.iter().filter(|r| !r.deleting) {
         if delete.iter().any(|(name, _)| *name == r.name) {
             continue;
         }
         match r.phase() {
+            EphemeralRunnerPhase::Succeeded
+                if cleanup_done && r.revision >= applied && r.renewable_for.is_some() =>
+            {
+                renewable.push(r);
+            }
             EphemeralRunnerPhase::Succeeded | EphemeralRunnerPhase::Failed => {
                 delete.push((r.name.clone(), DeleteReason::Finished));
             }
@@ -267,13 +297,29 @@ pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
     let latest_patch_id = runners.iter().filter_map(|r| r.patch_id).max();
     let acted_on = set.patch_id != 0 && latest_patch_id == Some(set.patch_id);
     let mut create = None;
+    let mut renew = Vec::new();
+    // Those that waited longest first: they are the nearest to deletion.
+    renewable.sort_by(|a, b| (b.renewable_for, &a.name).cmp(&(a.renewable_for, &b.name)));
+    let mut renewable = renewable.into_iter();
     if cleanup_done && !current_outdated && !acted_on && total < set.replicas {
-        create = Some(Creation {
-            count: set.replicas - total,
+        let wanted = usize::try_from(set.replicas - total).unwrap_or(0);
+        renew.extend(renewable.by_ref().take(wanted).map(|r| r.name.clone()));
+        let count = set.replicas - total - i32::try_from(renew.len()).unwrap_or(i32::MAX);
+        create = (count > 0).then_some(Creation {
+            count,
             patch_id: set.patch_id,
             revision: applied,
             set_generation: set.generation,
         });
+    }
+    let mut requeue = if cleanup_done { RESYNC } else { CLEANUP_POLL };
+    for r in renewable {
+        let waited = r.renewable_for.unwrap_or(RENEWAL_WINDOW);
+        if set.patch_id == 0 || waited >= RENEWAL_WINDOW {
+            delete.push((r.name.clone(), DeleteReason::Finished));
+        } else {
+            requeue = requeue.min(RENEWAL_WINDOW - waited);
+        }
     }
     if set.patch_id == 0 && total > set.replicas {
         // Rule 5: pending runners go before running ones, oldest first.
@@ -290,12 +336,13 @@ pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
         );
     }
 
-    let status = status(set, runners, applied, current_outdated);
+    let status = status(set, runners, applied, current_outdated, &renew);
     Plan {
         delete,
+        renew,
         create,
         status: (status != set.status).then_some(status),
-        requeue: if cleanup_done { RESYNC } else { CLEANUP_POLL },
+        requeue,
         ..Plan::default()
     }
 }
@@ -327,11 +374,20 @@ fn status(
     runners: &[RunnerView],
     applied: i64,
     current_outdated: bool,
+    renewed: &[String],
 ) -> EphemeralRunnerSetStatus {
     let count = |phase: EphemeralRunnerPhase| {
         let n = runners
             .iter()
-            .filter(|r| !r.deleting && r.phase() == phase)
+            .filter(|r| !r.deleting)
+            .map(|r| {
+                if renewed.contains(&r.name) {
+                    EphemeralRunnerPhase::Pending
+                } else {
+                    r.phase()
+                }
+            })
+            .filter(|p| *p == phase)
             .count();
         i32::try_from(n).unwrap_or(i32::MAX)
     };
@@ -597,6 +653,95 @@ mod tests {
             (2, 1, 1),
             "counted as ARC counts them until they are gone"
         );
+    }
+
+    impl RunnerView {
+        /// Succeeded `secs` ago, its registration gone.
+        fn renewable(mut self, secs: u64) -> Self {
+            self.phase = Some(Succeeded);
+            self.renewable_for = Some(Duration::from_secs(secs));
+            self
+        }
+    }
+
+    #[test]
+    fn a_decision_renews_runners_that_succeeded_before_creating_any() {
+        let runners = [
+            runner("live").running().patch(3),
+            runner("young").renewable(1),
+            runner("old").renewable(5),
+        ];
+        // Three wanted, one live: the two that succeeded are renewed, the
+        // one that waited longest first, and nothing is created.
+        let p = plan(&set(3, 4), &runners);
+        assert_eq!(p.renew, ["old", "young"]);
+        assert_eq!(p.create, None);
+        assert!(p.delete.is_empty());
+        let status = p.status.unwrap();
+        assert_eq!(
+            (status.current_replicas, status.pending_ephemeral_runners),
+            (3, 2),
+            "renewed runners count as pending at once"
+        );
+        // Four wanted: one more is created.
+        let p = plan(&set(4, 4), &runners);
+        assert_eq!(p.renew.len(), 2);
+        assert_eq!(created(&p), 1);
+        // Two wanted: the one left waits for a later decision, and the set
+        // looks again when its wait would end.
+        let p = plan(&set(2, 4), &runners);
+        assert_eq!(p.renew, ["old"]);
+        assert!(p.delete.is_empty());
+        assert_eq!(p.requeue, RENEWAL_WINDOW - Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_runner_no_decision_renews_is_deleted_after_the_window_or_on_patch_zero() {
+        // The decision was acted on: nothing is renewed; the runner waits
+        // out the window, then goes.
+        let acted = [
+            runner("live").running().patch(4),
+            runner("done").renewable(3),
+        ];
+        let p = plan(&set(2, 4), &acted);
+        assert!(p.renew.is_empty() && p.delete.is_empty());
+        let late = [
+            runner("live").running().patch(4),
+            runner("done").renewable(10),
+        ];
+        assert_eq!(
+            deleted(&plan(&set(2, 4), &late)),
+            [("done", DeleteReason::Finished)]
+        );
+        // Patch 0 says no decision is coming: deleted at once.
+        let settled = [runner("live").running(), runner("done").renewable(1)];
+        assert_eq!(
+            deleted(&plan(&set(1, 0), &settled)),
+            [("done", DeleteReason::Finished)]
+        );
+        // ... unless it is wanted.
+        assert_eq!(plan(&set(2, 0), &settled).renew, ["done"]);
+    }
+
+    #[test]
+    fn only_a_runner_of_the_applied_revision_whose_registration_is_gone_is_renewed() {
+        // A Succeeded runner whose registration is not known gone yet is
+        // not renewable: deleted and replaced, its finalizer deregisters.
+        let p = plan(&set(1, 4), &[runner("done").in_phase(Succeeded)]);
+        assert_eq!(deleted(&p), [("done", DeleteReason::Finished)]);
+        assert!(p.renew.is_empty());
+        assert_eq!(created(&p), 1);
+        // Built from a revision being cleaned up: deleted.
+        let mut s = set(1, 4);
+        s.actionable_revision = 2;
+        let p = plan(&s, &[runner("done").renewable(1)]);
+        assert_eq!(deleted(&p), [("done", DeleteReason::OldRevision)]);
+        assert!(p.renew.is_empty());
+        // Failed runners are never renewed.
+        let mut failed = runner("failed").renewable(1);
+        failed.phase = Some(Failed);
+        let p = plan(&set(1, 4), &[failed]);
+        assert_eq!(deleted(&p), [("failed", DeleteReason::Finished)]);
     }
 
     #[test]

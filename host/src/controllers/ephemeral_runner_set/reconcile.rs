@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
@@ -15,7 +15,9 @@ use serde_json::json;
 use super::metrics::SetLabels;
 use super::plan::{self, Creation, DeleteReason, Plan, RunnerView, SetView};
 use super::{Context, FIELD_MANAGER, FINALIZER, annotations, labels};
-use crate::api::{EphemeralRunner, EphemeralRunnerSet};
+use crate::api::{
+    EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSet, EphemeralRunnerStatus, RunnerRenewal,
+};
 
 /// Why a reconcile failed. Each variant names the step, so the message says
 /// what the controller was doing.
@@ -38,6 +40,14 @@ pub enum Error {
         /// The error.
         source: kube::Error,
     },
+    /// Renewing a runner failed.
+    #[error("renewing runner {name}: {source}")]
+    Renew {
+        /// The runner.
+        name: String,
+        /// The error.
+        source: kube::Error,
+    },
     /// Writing the set's finalizer or status failed.
     #[error("updating the set: {0}")]
     Update(#[source] kube::Error),
@@ -51,6 +61,7 @@ impl Error {
             Self::List(_) => "list",
             Self::Create(_) => "create",
             Self::Delete { .. } => "delete",
+            Self::Renew { .. } => "renew",
             Self::Update(_) => "update",
         }
     }
@@ -85,7 +96,8 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
         .into_iter()
         .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
         .collect();
-    let views: Vec<RunnerView> = runners.iter().map(runner_view).collect();
+    let now = jiff::Timestamp::now();
+    let views: Vec<RunnerView> = runners.iter().map(|r| runner_view(r, now)).collect();
     let plan = plan::plan(&set_view(&set), &views);
 
     let sets_api: Api<EphemeralRunnerSet> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -102,6 +114,8 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
 
     delete_runners(&runners_api, &runners, &plan).await?;
     report_deletions(&ctx, &set, &plan).await;
+    // No event either, for the same reason.
+    renew_runners(&runners_api, &runners, &set, &plan.renew, now).await?;
     if let Some(creation) = plan.create {
         // No event: runners are created and deleted as jobs come and go,
         // an event write per job for what the status counts say (see
@@ -190,10 +204,27 @@ pub fn set_view(set: &EphemeralRunnerSet) -> SetView {
     }
 }
 
-/// What the plan needs of a runner.
-pub fn runner_view(runner: &EphemeralRunner) -> RunnerView {
+/// What the plan needs of a runner, at `now`. A renewed runner's patch id
+/// and set generation are its renewal's (see `RunnerRenewal`).
+pub fn runner_view(runner: &EphemeralRunner, now: jiff::Timestamp) -> RunnerView {
     let annotation = |key: &str| runner.annotations().get(key).and_then(|v| v.parse().ok());
     let status = runner.status.clone().unwrap_or_default();
+    // Its registration gone since: the runner's controller records it with
+    // the phase, in the same write, when the runner ends.
+    let registration_gone = status
+        .condition(crate::controllers::ephemeral_runner::plan::REGISTERED)
+        .filter(|c| c.status == "False")
+        .map(|c| c.last_transition_time.0);
+    let renewable_for = registration_gone
+        .filter(|_| status.phase == Some(EphemeralRunnerPhase::Succeeded))
+        .map(|since| Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO));
+    let (patch_id, set_generation) = match &status.renewal {
+        Some(renewal) => (Some(renewal.patch_id), Some(renewal.set_generation)),
+        None => (
+            annotation(annotations::PATCH_ID).and_then(|v: i64| i32::try_from(v).ok()),
+            annotation(annotations::SET_GENERATION),
+        ),
+    };
     RunnerView {
         name: runner.name_any(),
         created: runner.metadata.creation_timestamp.clone(),
@@ -201,10 +232,95 @@ pub fn runner_view(runner: &EphemeralRunner) -> RunnerView {
         phase: status.phase,
         runner_id: status.runner_id,
         has_job: status.has_job(),
-        patch_id: annotation(annotations::PATCH_ID).and_then(|v: i64| i32::try_from(v).ok()),
+        patch_id,
         revision: annotation(annotations::REVISION).unwrap_or(0),
-        set_generation: annotation(annotations::SET_GENERATION),
+        set_generation,
+        renewable_for,
     }
+}
+
+/// Renews what the plan says: the whole status written anew (see
+/// `RunnerRenewal`), on the condition that the runner is still the version
+/// the plan saw (its resourceVersion), so a runner that changed since is
+/// decided on again by the next pass rather than renewed on an old view.
+async fn renew_runners(
+    api: &Api<EphemeralRunner>,
+    runners: &[EphemeralRunner],
+    set: &EphemeralRunnerSet,
+    names: &[String],
+    now: jiff::Timestamp,
+) -> Result<(), Error> {
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PostParams::default()
+    };
+    let renewal = |runner: &EphemeralRunner| RunnerRenewal {
+        count: runner
+            .status
+            .as_ref()
+            .map_or(0, EphemeralRunnerStatus::renewals)
+            .saturating_add(1),
+        patch_id: set.spec.patch_id,
+        set_generation: set.metadata.generation.unwrap_or_default(),
+        renewed_at: Time(now),
+    };
+    each_named(runners, names.iter(), "renewed", |runner| {
+        let renewed = EphemeralRunner {
+            status: Some(EphemeralRunnerStatus {
+                renewal: Some(renewal(runner)),
+                ..EphemeralRunnerStatus::default()
+            }),
+            ..runner.clone()
+        };
+        let (api, params, name) = (api.clone(), params.clone(), runner.name_any());
+        async move {
+            api.replace_status(&name, &params, &renewed)
+                .await
+                .map(drop)
+                .map_err(|source| Error::Renew { name, source })
+        }
+    })
+    .await
+}
+
+/// Does `write` to each runner of `names` this pass read, all of them even
+/// when one fails; a runner gone meanwhile is skipped, and the first other
+/// failure is returned (typically a conflict: the runner changed since the
+/// pass read it, and the next pass decides again).
+async fn each_named<'a, W, F>(
+    runners: &'a [EphemeralRunner],
+    names: impl Iterator<Item = &'a String>,
+    done: &str,
+    mut write: W,
+) -> Result<(), Error>
+where
+    W: FnMut(&'a EphemeralRunner) -> F,
+    F: std::future::Future<Output = Result<(), Error>>,
+{
+    let mut conflict = None;
+    for name in names {
+        let Some(runner) = runners.iter().find(|r| r.name_any() == *name) else {
+            continue;
+        };
+        match write(runner).await {
+            Ok(()) => {}
+            Err(
+                Error::Delete {
+                    source: kube::Error::Api(e),
+                    ..
+                }
+                | Error::Renew {
+                    source: kube::Error::Api(e),
+                    ..
+                },
+            ) if e.code == 404 => {}
+            Err(error) => {
+                tracing::info!(%error, "runner not {done}; the next pass decides again");
+                conflict.get_or_insert(error);
+            }
+        }
+    }
+    conflict.map_or(Ok(()), Err)
 }
 
 /// Builds one runner of `set`.
@@ -283,32 +399,28 @@ async fn delete_runners(
     runners: &[EphemeralRunner],
     plan: &Plan,
 ) -> Result<(), Error> {
-    let mut conflict = None;
-    for (name, _) in &plan.delete {
-        let Some(runner) = runners.iter().find(|r| r.name_any() == *name) else {
-            continue;
-        };
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: runner.uid(),
-                resource_version: runner.resource_version(),
-            }),
-            ..DeleteParams::default()
-        };
-        match api.delete(name, &params).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(source) => {
-                let error = Error::Delete {
-                    name: name.clone(),
-                    source,
-                };
-                tracing::info!(%error, "runner not deleted; the next pass decides again");
-                conflict.get_or_insert(error);
+    each_named(
+        runners,
+        plan.delete.iter().map(|(name, _)| name),
+        "deleted",
+        |runner| {
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: runner.uid(),
+                    resource_version: runner.resource_version(),
+                }),
+                ..DeleteParams::default()
+            };
+            let (api, name) = (api.clone(), runner.name_any());
+            async move {
+                api.delete(&name, &params)
+                    .await
+                    .map(drop)
+                    .map_err(|source| Error::Delete { name, source })
             }
-        }
-    }
-    conflict.map_or(Ok(()), Err)
+        },
+    )
+    .await
 }
 
 async fn patch_finalizers(

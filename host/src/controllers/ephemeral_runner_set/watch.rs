@@ -6,7 +6,8 @@
 //! set, which lists all its runners. So an update is dropped when the
 //! projection the set reconciler actually reads is unchanged (seed 004):
 //! object metadata (less `resourceVersion` and `managedFields`, which change
-//! on every write), the spec, `status.phase` and `status.runnerId`.
+//! on every write), the spec, `status.phase`, `status.runnerId` and
+//! `status.renewal`.
 //!
 //! A predicate may only ever be an optimisation, so everything else is
 //! delivered: a runner seen for the first time, a deletion, and a runner
@@ -37,6 +38,7 @@ pub fn projection(runner: &EphemeralRunner) -> u64 {
         &runner.spec,
         status.and_then(|s| s.phase),
         status.map_or(0, |s| s.runner_id),
+        status.and_then(|s| s.renewal.as_ref()),
     );
     let mut hasher = DefaultHasher::new();
     // Serialising gives every field a stable byte form; the types are ours
