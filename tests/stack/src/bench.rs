@@ -188,7 +188,7 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
         .sim()
         .runners()
         .into_iter()
-        .map(|r| (r.pod, r.jobs))
+        .map(|r| (r.uid, r.jobs))
         .collect();
     let cleanups = timeline.cleanups(&pod_jobs);
     // A runner's start-up: its pod first seen to the job it ran started.

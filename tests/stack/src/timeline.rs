@@ -28,7 +28,8 @@ pub struct Timeline {
     pub started: HashMap<u64, Instant>,
     /// When each job was first seen finished.
     pub finished: HashMap<u64, Instant>,
-    /// When each pod (by name) was first seen.
+    /// When each pod (by uid: a renewed runner's next pod has the name of
+    /// the one before) was first seen.
     pub pod_created: HashMap<String, Instant>,
     /// When each pod was seen deleted from the API server.
     pub pod_gone: HashMap<String, Instant>,
@@ -54,11 +55,11 @@ impl Timeline {
         }
     }
 
-    fn record_pod(&mut self, name: String, exists: bool, now: Instant) {
+    fn record_pod(&mut self, uid: String, exists: bool, now: Instant) {
         if exists {
-            self.pod_created.entry(name).or_insert(now);
-        } else if self.pod_created.contains_key(&name) {
-            self.pod_gone.entry(name).or_insert(now);
+            self.pod_created.entry(uid).or_insert(now);
+        } else if self.pod_created.contains_key(&uid) {
+            self.pod_gone.entry(uid).or_insert(now);
         }
         let live = self.pod_created.len() - self.pod_gone.len();
         if self.live_pods.last().map(|(_, n)| *n) != Some(live) {
@@ -67,7 +68,7 @@ impl Timeline {
     }
 
     /// Job finished to the pod that ran it gone, per job, given which pod
-    /// ran which jobs.
+    /// (by uid) ran which jobs.
     pub fn cleanups(&self, pod_jobs: &[(String, Vec<u64>)]) -> Vec<Duration> {
         pod_jobs
             .iter()
@@ -128,11 +129,11 @@ impl Recorder {
                         Ok(watcher::Event::Delete(pod)) => (pod, false),
                         _ => continue,
                     };
-                    if let Some(name) = pod.metadata.name {
+                    if let Some(uid) = pod.metadata.uid {
                         timeline
                             .lock()
                             .unwrap_or_else(PoisonError::into_inner)
-                            .record_pod(name, exists, now);
+                            .record_pod(uid, exists, now);
                     }
                 }
             })
