@@ -244,6 +244,19 @@ impl Harness {
             .unwrap();
     }
 
+    /// Reports the runner succeeded, its registration gone by itself, as
+    /// the runner controller does in one write.
+    async fn succeeded(&self, runner: &str, runner_id: i64) {
+        self.report(
+            runner,
+            json!({"phase": "Succeeded", "runnerId": runner_id,
+                   "conditions": [{"type": "Registered", "status": "False",
+                      "reason": "SelfDeregistered", "message": "",
+                      "lastTransitionTime": jiff::Timestamp::now().to_string()}]}),
+        )
+        .await;
+    }
+
     async fn idle(&self, runner: &str) {
         self.report(
             runner,
@@ -444,7 +457,11 @@ async fn a_runner_that_succeeded_is_renewed_by_the_next_decision_not_replaced() 
                   "lastTransitionTime": jiff::Timestamp::now().to_string()}]}),
     )
     .await;
-    h.another_pass(0).await;
+    // A pass saw it (deletions come before the status write).
+    let seen = |s: &EphemeralRunnerSetStatus| {
+        (s.pending_ephemeral_runners, s.running_ephemeral_runners) == (0, 1)
+    };
+    h.until_status("the finished runner seen", seen).await;
     assert_eq!(names(&h.runners().await), runners, "kept in its window");
     h.decide(2, 2).await;
     let renewed = h
@@ -474,15 +491,8 @@ async fn a_runner_that_succeeded_is_renewed_by_the_next_decision_not_replaced() 
     // The renewal carries the decision's patch id: a later pass of the
     // same decision, with the runner succeeded again, does not renew it
     // (the listener's next decision will, or patch id 0 removes it).
-    h.report(
-        done,
-        json!({"phase": "Succeeded", "runnerId": 102,
-               "conditions": [{"type": "Registered", "status": "False",
-                  "reason": "SelfDeregistered", "message": "",
-                  "lastTransitionTime": jiff::Timestamp::now().to_string()}]}),
-    )
-    .await;
-    h.another_pass(1).await;
+    h.succeeded(done, 102).await;
+    h.until_status("the finished runner seen again", seen).await;
     let after = h.runners().await;
     assert_eq!(names(&after), runners);
     assert_eq!(after[0].status.as_ref().unwrap().renewals(), 1);
@@ -495,6 +505,19 @@ async fn a_runner_that_succeeded_is_renewed_by_the_next_decision_not_replaced() 
         names(r) == [live.clone()]
     })
     .await;
+
+    // A runner built before the set's runner metadata changed is not
+    // renewed (a renewal keeps the object as it is): it ends, and a new
+    // runner is built.
+    h.another_pass(1).await;
+    h.succeeded(live, 100).await;
+    h.decide(1, 3).await;
+    let after = h
+        .until_runners("a new runner in place of the old one", |r| {
+            r.len() == 1 && names(r) != [live.clone()]
+        })
+        .await;
+    assert!(after[0].status.as_ref().is_none_or(|s| s.renewal.is_none()));
 }
 
 #[tokio::test]

@@ -5,6 +5,7 @@
 use jiff::Timestamp;
 
 use super::jobs::{JobCompleted, JobStarted};
+use super::memory::JobRecord;
 use super::target::Observed;
 use crate::actions::{JobInfo, JobMessage, Message, RunnerScaleSetStatistic};
 use crate::policy::types::{JobStatistics, ScaleSet, ScalingInput};
@@ -29,6 +30,30 @@ pub struct BatchPlan {
     pub assigned: usize,
     /// Items of a type this listener does not know.
     pub unknown: usize,
+    /// Whether each record, in the message's order, is a start (the next
+    /// of `started`) or an end (the next of `completed`).
+    order: Vec<bool>,
+}
+
+impl BatchPlan {
+    /// The records in the order the message gave them: a renewed runner
+    /// can have one job's end and the next job's start in one message, and
+    /// the end written last would leave the start recorded with the job
+    /// before's registration (and then cleared as the job before's).
+    pub fn records(&mut self) -> Vec<JobRecord> {
+        let mut started = std::mem::take(&mut self.started).into_iter();
+        let mut completed = std::mem::take(&mut self.completed).into_iter();
+        std::mem::take(&mut self.order)
+            .into_iter()
+            .filter_map(|is_start| {
+                if is_start {
+                    started.next().map(JobRecord::Started)
+                } else {
+                    completed.next().map(JobRecord::Completed)
+                }
+            })
+            .collect()
+    }
 }
 
 /// Plans the handling of one message; `now` stands in for times the
@@ -40,11 +65,16 @@ pub struct BatchPlan {
 /// runner name cannot be recorded on a runner and only count as job events.
 ///
 /// A job that started and ended on a runner within the batch is one record,
-/// its completion carrying its start, not two: a start recorded then tells
-/// nobody anything (the job is not running: no scale-down has a busy runner
-/// to spare), and it would be a write per job that lands, under the batch
-/// window, after the runner ended and may have been renewed for another
-/// job. Whether the completion is written at all is the sink's call.
+/// its completion carrying its start, not two: the job is not running any
+/// more (no scale-down has a busy runner to spare), and the start would be
+/// a write per job that lands, under the batch window, after the runner
+/// ended and may have been renewed for another job. Whether the completion
+/// is written at all is the sink's call; when it is not (a success, where
+/// failed jobs are not held), the runner's status never names the job. The
+/// one thing that changes: a runner that then exits non-zero is taken for
+/// one that failed before it ran a job (recreated, its registration
+/// removed), not for one that failed during a job, which the job's own
+/// success belies.
 pub fn plan_batch(message: &Message, now: Timestamp) -> BatchPlan {
     let mut plan = BatchPlan {
         statistics: message.statistics,
@@ -65,6 +95,7 @@ pub fn plan_batch(message: &Message, now: Timestamp) -> BatchPlan {
             } => {
                 plan.job_events = true;
                 if !runner_name.is_empty() {
+                    plan.order.push(true);
                     plan.started.push(JobStarted {
                         runner_name: runner_name.clone(),
                         runner_id: *runner_id,
@@ -87,6 +118,7 @@ pub fn plan_batch(message: &Message, now: Timestamp) -> BatchPlan {
                 plan.job_events = true;
                 plan.acquire.retain(|id| *id != job.runner_request_id);
                 if !runner_name.is_empty() {
+                    plan.order.push(false);
                     plan.completed.push(JobCompleted {
                         runner_name: runner_name.clone(),
                         runner_id: *runner_id,
@@ -111,6 +143,17 @@ pub fn plan_batch(message: &Message, now: Timestamp) -> BatchPlan {
                 && s.runner_name == completed.runner_name
         }) {
             completed.started = Some(plan.started.remove(at));
+            // The start's place in the order goes with it.
+            let place = plan
+                .order
+                .iter()
+                .enumerate()
+                .filter(|(_, is_start)| **is_start)
+                .nth(at)
+                .map(|(i, _)| i);
+            if let Some(place) = place {
+                plan.order.remove(place);
+            }
         }
     }
     plan
@@ -307,6 +350,30 @@ mod tests {
             assert_eq!(plan.job_events, events, "{name}");
             assert_eq!(plan.statistics.unwrap().total_assigned_jobs, 4, "{name}");
         }
+    }
+
+    #[test]
+    fn records_keep_the_messages_order() {
+        // One runner: the end of its job before (a failure, recorded), then
+        // the start of its next job.
+        let mut plan = plan_batch(
+            &message(vec![
+                completed(1, "r-1", "failed"),
+                started(2, "r-1"),
+                started(3, "r-3"),
+                completed(3, "r-3", "succeeded"),
+            ]),
+            now(),
+        );
+        let order: Vec<(bool, i64)> = plan
+            .records()
+            .iter()
+            .map(|r| match r {
+                JobRecord::Started(s) => (true, s.runner_request_id),
+                JobRecord::Completed(c) => (false, c.runner_request_id),
+            })
+            .collect();
+        assert_eq!(order, [(false, 1), (true, 2), (false, 3)]);
     }
 
     #[test]

@@ -133,7 +133,8 @@ impl ScaleTarget for MemoryScaleTarget {
     }
 }
 
-/// One job record, as [`MemoryJobSink`] keeps it.
+/// One job record: what a listener writes on a runner, in the order of
+/// its message, and what [`MemoryJobSink`] keeps.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JobRecord {
     /// A runner started a job.

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::backoff::recovery;
 use super::batch::{plan_batch, scaling_input};
 use super::jobs::JobSink;
+use super::memory::JobRecord;
 use super::metrics::ScaleSetLabels;
 use super::patch::PatchSequence;
 use super::source::ClientSource;
@@ -212,7 +213,7 @@ impl<C: ClientSource, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, S>
         message: &crate::actions::Message,
         memory: &mut Memory,
     ) -> Result<(), ActionsError> {
-        let plan = plan_batch(message, Timestamp::now());
+        let mut plan = plan_batch(message, Timestamp::now());
         // Acknowledged first, as ARC does: a message whose jobs cannot be
         // acquired or recorded must not come back forever and block the
         // queue behind it. Acquiring and recording twice is harmless, so a
@@ -259,16 +260,19 @@ impl<C: ClientSource, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, S>
         {
             sequence.note_job_events();
         }
-        for job in plan.started {
-            let runner = job.runner_name.clone();
-            if let Err(error) = self.jobs.job_started(job).await {
-                tracing::warn!(scale_set = %self.spec.scale_set.name, runner, "job start not recorded: {error}");
-            }
-        }
-        for job in plan.completed {
-            let runner = job.runner_name.clone();
-            if let Err(error) = self.jobs.job_completed(job).await {
-                tracing::warn!(scale_set = %self.spec.scale_set.name, runner, "job end not recorded: {error}");
+        for record in plan.records() {
+            let (runner, recorded) = match record {
+                JobRecord::Started(job) => {
+                    let runner = job.runner_name.clone();
+                    (runner, self.jobs.job_started(job).await)
+                }
+                JobRecord::Completed(job) => {
+                    let runner = job.runner_name.clone();
+                    (runner, self.jobs.job_completed(job).await)
+                }
+            };
+            if let Err(error) = recorded {
+                tracing::warn!(scale_set = %self.spec.scale_set.name, runner, "job not recorded: {error}");
             }
         }
         Ok(())

@@ -262,7 +262,7 @@ async fn register(
             if let Err(removal) = client.remove_runner(runner_id).await {
                 tracing::warn!(runner = %name, runner_id, error = %removal, "removing a registration whose Secret could not be written");
             }
-            return Err(kube_error("create the JIT config Secret")(error));
+            return Err(kube_error("write the JIT config Secret")(error));
         }
     }
     let status = runner.status.clone().unwrap_or_default();

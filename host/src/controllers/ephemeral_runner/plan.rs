@@ -439,7 +439,14 @@ impl StatusPatch {
         serde_json::from_value(status).ok()
     }
 
-    fn into_step(mut self) -> Option<Step> {
+    /// The write, if any; `resource_version` is the runner's as read.
+    ///
+    /// A patch that clears fields along (a job record of the registration
+    /// before) is made conditional on the runner being as read: the
+    /// listener may have recorded this registration's job since, and a
+    /// blind clear would erase it (a busy runner would look idle). A
+    /// conflict only means the next pass decides on what is there now.
+    fn into_step(mut self, resource_version: Option<&str>) -> Option<Step> {
         if self.conditions_changed {
             self.fields
                 .insert("conditions".into(), json!(self.conditions));
@@ -447,10 +454,16 @@ impl StatusPatch {
         if self.fields.is_empty() {
             return None;
         }
+        if self.along.is_empty() {
+            return Some(Step::PatchStatus(json!({ "status": self.fields })));
+        }
         for (key, value) in self.along {
             self.fields.entry(key).or_insert(value);
         }
-        Some(Step::PatchStatus(json!({ "status": self.fields })))
+        Some(Step::PatchStatus(json!({
+            "metadata": {"resourceVersion": resource_version},
+            "status": self.fields,
+        })))
     }
 }
 
@@ -861,9 +874,11 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings, finalizer: &str) -> Result<
     }
     // A record of the job before is no job of this runner's: decided on
     // as absent, and cleared with the next status write (which the runner
-    // running, at the latest, makes; until then the set, which cannot tell
-    // it from a record of this runner's, only keeps the runner a little
-    // longer from a scale-down).
+    // running, at the latest, makes). Until then the set, which cannot tell
+    // it from a record of this runner's while the status names no
+    // registration, takes the runner for busy: a set deletion or revision
+    // cleanup waits for that write (scale-down takes no runner that is not
+    // registered anyway).
     let cleared;
     let status = match without_earlier_job(status, runner_id) {
         Some(without) => {
@@ -950,7 +965,7 @@ fn finish(
     // The status goes first: what the other steps do must be on record
     // before they are done, so a crash in between repeats them rather than
     // forgetting them.
-    if let Some(step) = patch.into_step() {
+    if let Some(step) = patch.into_step(obs.runner.metadata.resource_version.as_deref()) {
         plan.steps.insert(0, step);
     }
     plan
@@ -2160,9 +2175,17 @@ mod tests {
         let ready = runner.clone().status(|s| s.ready = true);
         let steps = running_on_9(ready);
         assert_eq!(steps, vec![]);
-        // It goes with the next write (the pod turning ready, here).
+        // It goes with the next write (the pod turning ready, here), on the
+        // condition that the runner is as read: a record of this
+        // registration's job written since is not cleared blind.
+        let mut runner = runner;
+        runner.0.metadata.resource_version = Some("41".into());
         let steps = running_on_9(runner);
         assert_eq!(kinds(&steps), vec!["status"]);
+        let Step::PatchStatus(patch) = &steps[0] else {
+            unreachable!()
+        };
+        assert_eq!(patch["metadata"]["resourceVersion"], "41");
         let status = status_of(&steps);
         assert_eq!(status["ready"], true);
         for key in ["jobId", "jobRequestId", "jobRunnerId", "jobResult"] {

@@ -135,7 +135,8 @@ pub struct RunnerView {
     pub revision: i64,
     /// The set generation it was built from (annotation).
     pub set_generation: Option<i64>,
-    /// How long ago it succeeded with its registration gone, when it did:
+    /// How long ago it succeeded with its registration gone, when it did
+    /// and it is built as the set builds runners now (spec and metadata):
     /// it can be renewed (rule 3).
     pub renewable_for: Option<Duration>,
 }
@@ -304,9 +305,10 @@ pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
     if cleanup_done && !current_outdated && !acted_on && total < set.replicas {
         let wanted = usize::try_from(set.replicas - total).unwrap_or(0);
         renew.extend(renewable.by_ref().take(wanted).map(|r| r.name.clone()));
-        let count = set.replicas - total - i32::try_from(renew.len()).unwrap_or(i32::MAX);
-        create = (count > 0).then_some(Creation {
-            count,
+        // Even when renewals cover it all (a count of 0): a renewal that
+        // fails is made up for by a creation of the same decision.
+        create = Some(Creation {
+            count: set.replicas - total - i32::try_from(renew.len()).unwrap_or(i32::MAX),
             patch_id: set.patch_id,
             revision: applied,
             set_generation: set.generation,
@@ -675,7 +677,7 @@ mod tests {
         // one that waited longest first, and nothing is created.
         let p = plan(&set(3, 4), &runners);
         assert_eq!(p.renew, ["old", "young"]);
-        assert_eq!(p.create, None);
+        assert_eq!(created(&p), 0);
         assert!(p.delete.is_empty());
         let status = p.status.unwrap();
         assert_eq!(

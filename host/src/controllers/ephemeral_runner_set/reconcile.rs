@@ -97,7 +97,7 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
         .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
         .collect();
     let now = jiff::Timestamp::now();
-    let views: Vec<RunnerView> = runners.iter().map(|r| runner_view(r, now)).collect();
+    let views: Vec<RunnerView> = runners.iter().map(|r| runner_view(r, &set, now)).collect();
     let plan = plan::plan(&set_view(&set), &views);
 
     let sets_api: Api<EphemeralRunnerSet> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -115,12 +115,22 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
     delete_runners(&runners_api, &runners, &plan).await?;
     report_deletions(&ctx, &set, &plan).await;
     // No event either, for the same reason.
-    renew_runners(&runners_api, &runners, &set, &plan.renew, now).await?;
-    if let Some(creation) = plan.create {
+    let not_renewed = renew_runners(&runners_api, &runners, &set, &plan.renew, now).await;
+    // A runner not renewed (it changed since the list) is made up for by a
+    // new one: the renewals done carry the decision's patch id, so the next
+    // pass takes the decision as acted on and would not.
+    let creation = plan.create.map(|c| Creation {
+        count: c.count + i32::try_from(not_renewed.len()).unwrap_or(i32::MAX),
+        ..c
+    });
+    if let Some(creation) = creation.filter(|c| c.count > 0) {
         // No event: runners are created and deleted as jobs come and go,
         // an event write per job for what the status counts say (see
         // `report_deletions`).
         create_runners(&runners_api, &set, creation).await?;
+    }
+    if let Some(error) = not_renewed.into_iter().next() {
+        return Err(error);
     }
     let key = (namespace.clone(), name.clone());
     let since_last = ctx
@@ -204,9 +214,13 @@ pub fn set_view(set: &EphemeralRunnerSet) -> SetView {
     }
 }
 
-/// What the plan needs of a runner, at `now`. A renewed runner's patch id
-/// and set generation are its renewal's (see `RunnerRenewal`).
-pub fn runner_view(runner: &EphemeralRunner, now: jiff::Timestamp) -> RunnerView {
+/// What the plan needs of a runner of `set`, at `now`. A renewed runner's
+/// patch id and set generation are its renewal's (see `RunnerRenewal`).
+pub fn runner_view(
+    runner: &EphemeralRunner,
+    set: &EphemeralRunnerSet,
+    now: jiff::Timestamp,
+) -> RunnerView {
     let annotation = |key: &str| runner.annotations().get(key).and_then(|v| v.parse().ok());
     let status = runner.status.clone().unwrap_or_default();
     // Its registration gone since: the runner's controller records it with
@@ -217,6 +231,7 @@ pub fn runner_view(runner: &EphemeralRunner, now: jiff::Timestamp) -> RunnerView
         .map(|c| c.last_transition_time.0);
     let renewable_for = registration_gone
         .filter(|_| status.phase == Some(EphemeralRunnerPhase::Succeeded))
+        .filter(|_| built_as_now(runner, set))
         .map(|since| Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO));
     let (patch_id, set_generation) = match &status.renewal {
         Some(renewal) => (Some(renewal.patch_id), Some(renewal.set_generation)),
@@ -239,6 +254,29 @@ pub fn runner_view(runner: &EphemeralRunner, now: jiff::Timestamp) -> RunnerView
     }
 }
 
+/// Whether `runner` has the spec, labels and annotations a runner the set
+/// creates now would get. A renewal keeps the object as it is, so a runner
+/// built from an older template (a metadata change does not move the
+/// revision) is not renewed: it ends, and a new one is built.
+fn built_as_now(runner: &EphemeralRunner, set: &EphemeralRunnerSet) -> bool {
+    let now = new_runner(set, Creation::default());
+    let has_all = |want: &BTreeMap<String, String>, have: &BTreeMap<String, String>| {
+        want.iter()
+            .filter(|(key, _)| {
+                ![
+                    annotations::PATCH_ID,
+                    annotations::REVISION,
+                    annotations::SET_GENERATION,
+                ]
+                .contains(&key.as_str())
+            })
+            .all(|(key, value)| have.get(key) == Some(value))
+    };
+    runner.spec == now.spec
+        && has_all(now.labels(), runner.labels())
+        && has_all(now.annotations(), runner.annotations())
+}
+
 /// Renews what the plan says: the whole status written anew (see
 /// `RunnerRenewal`), on the condition that the runner is still the version
 /// the plan saw (its resourceVersion), so a runner that changed since is
@@ -249,7 +287,7 @@ async fn renew_runners(
     set: &EphemeralRunnerSet,
     names: &[String],
     now: jiff::Timestamp,
-) -> Result<(), Error> {
+) -> Vec<Error> {
     let params = PostParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PostParams::default()
@@ -284,20 +322,20 @@ async fn renew_runners(
 }
 
 /// Does `write` to each runner of `names` this pass read, all of them even
-/// when one fails; a runner gone meanwhile is skipped, and the first other
-/// failure is returned (typically a conflict: the runner changed since the
+/// when one fails; a runner gone meanwhile is skipped, and the other
+/// failures are returned (typically conflicts: the runner changed since the
 /// pass read it, and the next pass decides again).
 async fn each_named<'a, W, F>(
     runners: &'a [EphemeralRunner],
     names: impl Iterator<Item = &'a String>,
     done: &str,
     mut write: W,
-) -> Result<(), Error>
+) -> Vec<Error>
 where
     W: FnMut(&'a EphemeralRunner) -> F,
     F: std::future::Future<Output = Result<(), Error>>,
 {
-    let mut conflict = None;
+    let mut failures = Vec::new();
     for name in names {
         let Some(runner) = runners.iter().find(|r| r.name_any() == *name) else {
             continue;
@@ -316,11 +354,11 @@ where
             ) if e.code == 404 => {}
             Err(error) => {
                 tracing::info!(%error, "runner not {done}; the next pass decides again");
-                conflict.get_or_insert(error);
+                failures.push(error);
             }
         }
     }
-    conflict.map_or(Ok(()), Err)
+    failures
 }
 
 /// Builds one runner of `set`.
@@ -421,6 +459,9 @@ async fn delete_runners(
         },
     )
     .await
+    .into_iter()
+    .next()
+    .map_or(Ok(()), Err)
 }
 
 async fn patch_finalizers(
@@ -482,5 +523,57 @@ async fn event(ctx: &Context, set: &EphemeralRunnerSet, reason: &str, note: Stri
     };
     if let Err(error) = ctx.recorder.publish(&event, &set.object_ref(&())).await {
         tracing::debug!(%error, "event not published");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{EphemeralRunnerSetSpec, ResourceMeta};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+    fn set(team: &str, image: &str) -> EphemeralRunnerSet {
+        let mut spec = EphemeralRunnerSetSpec::default();
+        spec.ephemeral_runner_spec.spec.containers = vec![k8s_openapi::api::core::v1::Container {
+            name: "runner".into(),
+            image: Some(image.into()),
+            ..Default::default()
+        }];
+        spec.ephemeral_runner_metadata = Some(ResourceMeta {
+            labels: Some([("team".to_string(), team.to_string())].into()),
+            ..Default::default()
+        });
+        let mut set = EphemeralRunnerSet::new("linux", spec);
+        set.metadata.namespace = Some("ns".into());
+        set.metadata.uid = Some("uid".into());
+        set
+    }
+
+    #[test]
+    fn only_a_runner_built_as_the_set_builds_them_now_is_renewable() {
+        let now: jiff::Timestamp = "2026-12-01T00:00:10Z".parse().unwrap();
+        let current = set("ci", "runner:1");
+        let mut runner = new_runner(&current, Creation::default());
+        runner.metadata.name = Some("linux-runner-a".into());
+        runner.status = Some(EphemeralRunnerStatus {
+            phase: Some(EphemeralRunnerPhase::Succeeded),
+            conditions: vec![Condition {
+                type_: "Registered".into(),
+                status: "False".into(),
+                reason: "SelfDeregistered".into(),
+                message: String::new(),
+                last_transition_time: Time("2026-12-01T00:00:07Z".parse().unwrap()),
+                observed_generation: None,
+            }],
+            ..Default::default()
+        });
+        let renewable = |set: &EphemeralRunnerSet| runner_view(&runner, set, now).renewable_for;
+        assert_eq!(renewable(&current), Some(Duration::from_secs(3)));
+        assert_eq!(
+            renewable(&set("platform", "runner:1")),
+            None,
+            "metadata changed"
+        );
+        assert_eq!(renewable(&set("ci", "runner:2")), None, "spec changed");
     }
 }
