@@ -110,18 +110,20 @@ async fn min_runners_keep_a_warm_pool_through_a_burst() {
         .unwrap();
     // Two idle runners, registered, before any job.
     stack.settled_at(2).await.unwrap();
-    let warm: BTreeSet<String> = stack.sim().runners().into_iter().map(|r| r.pod).collect();
+    // By pod uid: a runner renewed for another job gets a pod of the
+    // same name.
+    let warm: BTreeSet<String> = stack.sim().runners().into_iter().map(|r| r.uid).collect();
 
     stack.enqueue(SET, 5, Duration::from_millis(300));
     stack.jobs_succeeded(5).await.unwrap();
     stack.settled_at(2).await.unwrap();
     // The warm runners took jobs (they were idle and registered), and the
-    // pool was refilled with new ones.
+    // pool was refilled with new pods (of renewed runners or new ones).
     let records = stack.sim().runners();
     assert!(
         records
             .iter()
-            .filter(|r| warm.contains(&r.pod))
+            .filter(|r| warm.contains(&r.uid))
             .all(|r| !r.jobs.is_empty()),
         "{records:?}"
     );
