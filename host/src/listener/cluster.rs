@@ -640,6 +640,25 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn every_job_field_the_listener_writes_is_one_a_late_record_is_cleared_of() {
+        let job = JobStarted {
+            runner_name: "r".into(),
+            runner_id: 1,
+            runner_request_id: 2,
+            repository: "o/r".into(),
+            workflow_ref: "w".into(),
+            workflow_run_id: 3,
+            job_id: "j".into(),
+            job_display_name: "d".into(),
+            started_at: Timestamp::UNIX_EPOCH,
+        };
+        let cleared = crate::controllers::ephemeral_runner::plan::JOB_FIELDS;
+        for key in started_fields(&job).as_object().unwrap().keys() {
+            assert!(cleared.contains(&key.as_str()), "{key}");
+        }
+    }
     use crate::listener::{Cause, DecisionReport};
 
     fn decision(desired: u32, reason: &str) -> StatusUpdate {

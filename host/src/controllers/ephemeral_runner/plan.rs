@@ -786,7 +786,7 @@ pub fn registration_id(status: &EphemeralRunnerStatus, secret: Option<&SecretVie
 
 /// The job fields the listener writes; cleared together when they are
 /// about another registration than the runner's.
-const JOB_FIELDS: [&str; 10] = [
+pub(crate) const JOB_FIELDS: [&str; 10] = [
     "jobRequestId",
     "jobRunnerId",
     "jobId",

@@ -97,7 +97,12 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
         .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
         .collect();
     let now = jiff::Timestamp::now();
-    let views: Vec<RunnerView> = runners.iter().map(|r| runner_view(r, &set, now)).collect();
+    // What a runner built now looks like, once for the pass.
+    let template = new_runner(&set, Creation::default());
+    let views: Vec<RunnerView> = runners
+        .iter()
+        .map(|r| runner_view(r, &template, now))
+        .collect();
     let plan = plan::plan(&set_view(&set), &views);
 
     let sets_api: Api<EphemeralRunnerSet> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -214,11 +219,12 @@ pub fn set_view(set: &EphemeralRunnerSet) -> SetView {
     }
 }
 
-/// What the plan needs of a runner of `set`, at `now`. A renewed runner's
-/// patch id and set generation are its renewal's (see `RunnerRenewal`).
+/// What the plan needs of a runner, at `now`; `template` is a runner its
+/// set builds now ([`new_runner`]). A renewed runner's patch id and set
+/// generation are its renewal's (see `RunnerRenewal`).
 pub fn runner_view(
     runner: &EphemeralRunner,
-    set: &EphemeralRunnerSet,
+    template: &EphemeralRunner,
     now: jiff::Timestamp,
 ) -> RunnerView {
     let annotation = |key: &str| runner.annotations().get(key).and_then(|v| v.parse().ok());
@@ -231,7 +237,7 @@ pub fn runner_view(
         .map(|c| c.last_transition_time.0);
     let renewable_for = registration_gone
         .filter(|_| status.phase == Some(EphemeralRunnerPhase::Succeeded))
-        .filter(|_| built_as_now(runner, set))
+        .filter(|_| built_as_now(runner, template))
         .map(|since| Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO));
     let (patch_id, set_generation) = match &status.renewal {
         Some(renewal) => (Some(renewal.patch_id), Some(renewal.set_generation)),
@@ -254,12 +260,11 @@ pub fn runner_view(
     }
 }
 
-/// Whether `runner` has the spec, labels and annotations a runner the set
-/// creates now would get. A renewal keeps the object as it is, so a runner
-/// built from an older template (a metadata change does not move the
-/// revision) is not renewed: it ends, and a new one is built.
-fn built_as_now(runner: &EphemeralRunner, set: &EphemeralRunnerSet) -> bool {
-    let now = new_runner(set, Creation::default());
+/// Whether `runner` has the spec, labels and annotations of `now`, a
+/// runner the set creates now. A renewal keeps the object as it is, so a
+/// runner built from an older template (a metadata change does not move
+/// the revision) is not renewed: it ends, and a new one is built.
+fn built_as_now(runner: &EphemeralRunner, now: &EphemeralRunner) -> bool {
     let has_all = |want: &BTreeMap<String, String>, have: &BTreeMap<String, String>| {
         want.iter()
             .filter(|(key, _)| {
@@ -567,7 +572,9 @@ mod tests {
             }],
             ..Default::default()
         });
-        let renewable = |set: &EphemeralRunnerSet| runner_view(&runner, set, now).renewable_for;
+        let renewable = |set: &EphemeralRunnerSet| {
+            runner_view(&runner, &new_runner(set, Creation::default()), now).renewable_for
+        };
         assert_eq!(renewable(&current), Some(Duration::from_secs(3)));
         assert_eq!(
             renewable(&set("platform", "runner:1")),
