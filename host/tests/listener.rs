@@ -10,8 +10,9 @@ use arcwright::actions::{
     RunnerScaleSet, Secret,
 };
 use arcwright::listener::{
-    self, Backoff, Cause, Health, JobRecord, ListenerHandle, ListenerMetrics, ListenerSpec,
-    MemoryJobSink, MemoryScaleTarget, MemoryStatusSink, ScalePatch, StatusUpdate,
+    self, Backoff, Cause, Health, JobCompleted, JobRecord, JobSink, JobStarted, ListenerError,
+    ListenerHandle, ListenerMetrics, ListenerSpec, MemoryJobSink, MemoryScaleTarget,
+    MemoryStatusSink, ScalePatch, StatusUpdate,
 };
 use arcwright::policy::bundled;
 use arcwright::policy::loader::{ConfigMapPolicyRef, PolicyLoader, PolicyRef};
@@ -415,6 +416,82 @@ async fn burst_and_back(min: u32) {
 
     pool.stop().await;
     running.handle.stop().await.unwrap();
+}
+
+/// A job sink that notes, for each record, how many decisions the target
+/// had been sent when it was written.
+#[derive(Clone, Default)]
+struct DecisionsAtRecord {
+    target: MemoryScaleTarget,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+}
+
+impl DecisionsAtRecord {
+    fn note(&self) {
+        let decisions = self.target.patches().all().len();
+        self.seen.lock().unwrap().push(decisions);
+    }
+}
+
+impl JobSink for DecisionsAtRecord {
+    async fn job_started(&self, _job: JobStarted) -> Result<(), ListenerError> {
+        self.note();
+        Ok(())
+    }
+
+    async fn job_completed(&self, _job: JobCompleted) -> Result<(), ListenerError> {
+        self.note();
+        Ok(())
+    }
+}
+
+/// The decision a message leads to is sent before the message's job
+/// records are written: under a burst those are a write each, and a
+/// decision held up behind them counts runners that ended meanwhile as
+/// missing, though its statistics still count their jobs.
+#[tokio::test]
+async fn a_decision_goes_out_before_the_job_records_of_its_message() {
+    let service = service().await;
+    let sink = DecisionsAtRecord::default();
+    let handle = listener::spawn(
+        service.client.clone(),
+        loader(None),
+        spec(&service, 0, 1, None),
+        sink.target.clone(),
+        sink.clone(),
+        MemoryStatusSink::new(),
+        &CancellationToken::new(),
+    );
+    let pool = Pool::start(&service, &sink.target);
+    let control = service.fake.control();
+    control.enqueue_jobs(JobSpec::new(1, &[LABEL]).lasting(Duration::from_millis(300)));
+    control
+        .wait_until(WAIT, |s| s.ledger.jobs_succeeded == 1)
+        .await
+        .unwrap_or_else(|s| panic!("the job did not run: {:?}", s.jobs));
+    let first_record = || sink.seen.lock().unwrap().first().copied();
+    for _ in 0..300 {
+        if first_record().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let patches = sink.target.patches().all();
+    // The job's assignment asked for its runner; the next message (its
+    // start, perhaps with its end) is a job event, so it is decided again,
+    // with the next id, and that decision precedes its record.
+    let assigned = patches
+        .iter()
+        .position(|p| p.replicas == 1)
+        .unwrap_or_else(|| panic!("no decision asked for a runner: {patches:?}"));
+    let seen = first_record().expect("the job was never recorded");
+    assert_eq!(
+        seen,
+        assigned + 2,
+        "decisions sent when the first record was written; all: {patches:?}"
+    );
+    pool.stop().await;
+    handle.stop().await.unwrap();
 }
 
 #[tokio::test]

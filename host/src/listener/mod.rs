@@ -10,15 +10,17 @@
 //! 2. long-polls for messages, telling the service through
 //!    `X-ScaleSetMaxCapacity` how many jobs the set can take;
 //! 3. for each message, in ARC's order: keeps its statistics, acknowledges
-//!    it, acquires the jobs offered, records JobStarted and JobCompleted on
-//!    their runners ([`JobSink`]);
+//!    it, acquires the jobs offered;
 //! 4. lets the scaling policy decide ([`crate::policy::Decider`], loaded
 //!    through [`PolicyLoader`], so a policy swapped in its ConfigMap decides
 //!    the next time without a restart, and a failing one falls back to the
 //!    bundled default);
 //! 5. applies the answer with its patch id, 0 once steady at minRunners
 //!    ([`ScaleTarget`], [`PatchSequence`]), and tells
-//!    the status what changed ([`StatusSink`]).
+//!    the status what changed ([`StatusSink`]);
+//! 6. records the message's JobStarted and JobCompleted on their runners
+//!    ([`JobSink`]). ARC records before it decides; recording after keeps
+//!    the decision close to its statistics (see `task::Run::handle`).
 //!
 //! Every failure of the service (session conflict, scale set gone, session
 //! or token lost, outages, credentials refused) is retried with capped,

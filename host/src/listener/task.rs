@@ -1,5 +1,5 @@
 //! The listener task: the thin layer that does what the pure functions
-//! decide, in ARC's order.
+//! decide, in ARC's order but for one step (see `Run::handle`).
 
 use std::sync::Arc;
 
@@ -177,7 +177,7 @@ impl<C: ClientSource, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, S>
                 polled = session.get_message(last_message_id, self.spec.scale_set.max_runners) => polled,
             };
             let handled = match polled {
-                Ok(None) => Ok(()),
+                Ok(None) => Ok(Vec::new()),
                 Ok(Some(message)) => {
                     memory.message_received = Some(std::time::Instant::now());
                     memory.full = message.jobs.len() >= super::SERVICE_BATCH_MAX;
@@ -191,8 +191,11 @@ impl<C: ClientSource, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, S>
                 }
                 Err(error) => Err(error),
             };
-            match handled {
-                Ok(()) => memory.attempt = 0,
+            let records = match handled {
+                Ok(records) => {
+                    memory.attempt = 0;
+                    records
+                }
                 Err(error) if recovery(&error).new_session => return Ended::Renew(error),
                 Err(error) => {
                     self.reload_if_refused(&error, session).await;
@@ -201,18 +204,34 @@ impl<C: ClientSource, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, S>
                     }
                     continue;
                 }
-            }
+            };
             self.decide(decider, memory).await;
+            self.record(records).await;
         }
     }
 
-    /// Handles one message in ARC's order: acknowledge, acquire, record.
+    /// Handles one message in ARC's order, acknowledge then acquire, and
+    /// returns the job records it asks for, to be written after the
+    /// decision.
+    ///
+    /// ARC records before it decides. Deciding first keeps the decision
+    /// close to the statistics it is made on: the records are an API server
+    /// write each, a few dozen under a burst, and every runner that ends
+    /// while they are written is missing from the set's count but still
+    /// counted by the statistics, so the decision replaced it with a runner
+    /// no job was left for (a registration, and its removal, wasted: two
+    /// Actions calls). Scale-down cannot take a busy runner for lack of its
+    /// record: a message with job events is decided with a numbered patch,
+    /// which never scales down, and the records are written before the next
+    /// poll, so before any decision that could carry patch id 0. What a
+    /// custom policy reads of the runners is as of before this message's
+    /// records; it was never later than the listener's watch anyway.
     async fn handle(
         &self,
         session: &MessageSession,
         message: &crate::actions::Message,
         memory: &mut Memory,
-    ) -> Result<(), ActionsError> {
+    ) -> Result<Vec<JobRecord>, ActionsError> {
         let mut plan = plan_batch(message, Timestamp::now());
         // Acknowledged first, as ARC does: a message whose jobs cannot be
         // acquired or recorded must not come back forever and block the
@@ -260,7 +279,13 @@ impl<C: ClientSource, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, S>
         {
             sequence.note_job_events();
         }
-        for record in plan.records() {
+        Ok(plan.records())
+    }
+
+    /// Writes a message's job records on the runners, in the message's
+    /// order; a record that fails is logged and left (see [`JobSink`]).
+    async fn record(&self, records: Vec<JobRecord>) {
+        for record in records {
             let (runner, recorded) = match record {
                 JobRecord::Started(job) => {
                     let runner = job.runner_name.clone();
@@ -275,7 +300,6 @@ impl<C: ClientSource, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, S>
                 tracing::warn!(scale_set = %self.spec.scale_set.name, runner, "job not recorded: {error}");
             }
         }
-        Ok(())
     }
 
     /// Asks the policy and applies its answer.
