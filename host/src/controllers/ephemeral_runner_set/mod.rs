@@ -69,10 +69,21 @@ pub struct Context {
     /// The metrics every controller reports (reconcile durations and
     /// errors); unregistered unless the process hands its own.
     pub controller_metrics: ControllerMetrics,
-    /// When each set's status was last written (see
-    /// [`plan::counts_deferred`]).
-    pub(crate) status_written:
-        std::sync::Mutex<std::collections::HashMap<(String, String), std::time::Instant>>,
+    /// What the controller remembers of each set between passes, by
+    /// namespace and name.
+    pub(crate) memory: std::sync::Mutex<std::collections::HashMap<(String, String), SetMemory>>,
+}
+
+/// What the controller remembers of a set between passes. Nothing here is
+/// needed for correctness after a restart: each is a saving that starts
+/// over empty.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SetMemory {
+    /// When its status was last written (see [`plan::counts_deferred`]).
+    pub status_written: Option<std::time::Instant>,
+    /// The generation whose decision a pass applied (see
+    /// [`plan::SetView::decision_applied`]).
+    pub decided: Option<i64>,
 }
 
 impl Context {
@@ -90,7 +101,7 @@ impl Context {
             recorder,
             metrics,
             controller_metrics: ControllerMetrics::default(),
-            status_written: std::sync::Mutex::default(),
+            memory: std::sync::Mutex::default(),
         }
     }
 }

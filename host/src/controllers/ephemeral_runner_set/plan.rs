@@ -30,7 +30,17 @@
 //! 5. Scaling follows ARC's patch-id contract with the listener: runners are
 //!    created up to `replicas` unless the current patch id was already acted
 //!    on (a runner carries it); scale-down happens only on patch id 0, and
-//!    removes only idle runners (registered, no job).
+//!    removes only idle runners (registered, no job). One departure: a
+//!    decision a pass found satisfied (nothing to create, so no runner
+//!    carries its id) stays armed in ARC, and the next runner to finish is
+//!    replaced under it, though the statistics it was made on counted that
+//!    runner's job. At the end of a burst this replaced runners that no job
+//!    was left for: a registration made and removed again, two Actions
+//!    calls each. Here, once a pass has applied a decision, later passes
+//!    under it count the runners that succeeded and are still kept for
+//!    renewal as filling their places; a runner that failed or vanished is
+//!    still replaced, so a decision satisfied in a quiet hour still makes up
+//!    for a runner lost after it.
 //! 6. A runner held for debugging (Debugging) is neither live nor finished:
 //!    it does not count towards `replicas` (the set creates its
 //!    replacement, as for a finished runner not cleaned up yet, so a hold
@@ -112,6 +122,11 @@ pub struct SetView {
     pub actionable_revision: i64,
     /// The status as it is now.
     pub status: EphemeralRunnerSetStatus,
+    /// Whether a pass of this controller already applied this generation's
+    /// decision (rule 5; [`Plan::decided`] of that pass). Kept in memory:
+    /// after a restart it is false, which at worst lets one decision
+    /// replace a succeeded runner, as ARC would.
+    pub decision_applied: bool,
 }
 
 /// What the plan needs to know about one runner of the set.
@@ -154,6 +169,19 @@ impl RunnerView {
     /// Registered and without a job: the only runners scale-down may take.
     fn idle(&self) -> bool {
         self.runner_id != 0 && !self.has_job
+    }
+
+    /// Running a job, as far as the set can tell: a job recorded on a
+    /// runner that has not ended. A runner that succeeded or failed can
+    /// carry the record of the job it ran (the listener's record can come
+    /// after the end), and waiting for that job to finish would wait
+    /// forever: a set being deleted would keep its finalizer.
+    fn running_a_job(&self) -> bool {
+        self.has_job
+            && !matches!(
+                self.phase(),
+                EphemeralRunnerPhase::Succeeded | EphemeralRunnerPhase::Failed
+            )
     }
 }
 
@@ -220,6 +248,10 @@ pub struct Plan {
     pub remove_finalizer: bool,
     /// When to look again without being woken.
     pub requeue: Duration,
+    /// The generation whose numbered decision this pass applies, to be
+    /// remembered once the plan is carried out (see
+    /// [`SetView::decision_applied`]).
+    pub decided: Option<i64>,
 }
 
 /// Decides what the set does next.
@@ -253,7 +285,7 @@ pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
             .iter()
             .filter(|r| r.revision < set.actionable_revision)
         {
-            if r.has_job || r.held() {
+            if r.running_a_job() || r.held() {
                 continue;
             }
             if r.deleting {
@@ -302,13 +334,21 @@ pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
     // Those that waited longest first: they are the nearest to deletion.
     renewable.sort_by(|a, b| (b.renewable_for, &a.name).cmp(&(a.renewable_for, &b.name)));
     let mut renewable = renewable.into_iter();
-    if cleanup_done && !current_outdated && !acted_on && total < set.replicas {
-        let wanted = usize::try_from(set.replicas - total).unwrap_or(0);
+    let scaling = cleanup_done && !current_outdated;
+    // Rule 5's departure: under a decision already applied, the runners
+    // kept for renewal fill their places.
+    let filled = if set.patch_id != 0 && set.decision_applied {
+        total.saturating_add(i32::try_from(renewable.len()).unwrap_or(i32::MAX))
+    } else {
+        total
+    };
+    if scaling && !acted_on && filled < set.replicas {
+        let wanted = usize::try_from(set.replicas - filled).unwrap_or(0);
         renew.extend(renewable.by_ref().take(wanted).map(|r| r.name.clone()));
         // Even when renewals cover it all (a count of 0): a renewal that
         // fails is made up for by a creation of the same decision.
         create = Some(Creation {
-            count: set.replicas - total - i32::try_from(renew.len()).unwrap_or(i32::MAX),
+            count: set.replicas - filled - i32::try_from(renew.len()).unwrap_or(i32::MAX),
             patch_id: set.patch_id,
             revision: applied,
             set_generation: set.generation,
@@ -345,6 +385,7 @@ pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
         create,
         status: (status != set.status).then_some(status),
         requeue,
+        decided: (scaling && set.patch_id != 0).then_some(set.generation),
         ..Plan::default()
     }
 }
@@ -358,7 +399,7 @@ fn plan_deletion(set: &SetView, runners: &[RunnerView]) -> Plan {
     }
     let delete: Vec<_> = runners
         .iter()
-        .filter(|r| !r.deleting && !r.has_job && !r.held())
+        .filter(|r| !r.deleting && !r.running_a_job() && !r.held())
         .map(|r| (r.name.clone(), DeleteReason::SetDeleted))
         .collect();
     Plan {
@@ -726,6 +767,59 @@ mod tests {
     }
 
     #[test]
+    fn a_decision_applied_once_does_not_replace_runners_that_succeeded_under_it() {
+        let applied = |replicas, patch_id| SetView {
+            decision_applied: true,
+            ..set(replicas, patch_id)
+        };
+        // A pass found patch 4 satisfied (three live for three wanted), so
+        // no runner carries it. One of the three then succeeded.
+        let after = [
+            runner("a").running().patch(3),
+            runner("b").running().patch(3),
+            runner("done").renewable(0),
+        ];
+        // ARC would replace it: its job was counted by the statistics of
+        // the decision, and no job may be left for the replacement.
+        let p = plan(&set(3, 4), &after);
+        assert_eq!(p.renew, ["done"]);
+        // Once the decision was applied, it fills its place.
+        let p = plan(&applied(3, 4), &after);
+        assert!(p.renew.is_empty() && created(&p) == 0, "{p:?}");
+        // A runner lost without succeeding is still made up for, by
+        // renewing one kept for renewal when there is one.
+        let lost = [runner("a").running().patch(3)];
+        assert_eq!(created(&plan(&applied(3, 4), &lost)), 2);
+        let lost_and_done = [runner("a").running().patch(3), runner("done").renewable(0)];
+        let p = plan(&applied(3, 4), &lost_and_done);
+        assert_eq!((p.renew.len(), created(&p)), (1, 0));
+        // Patch 0 keeps the count whatever was applied before.
+        assert_eq!(plan(&applied(3, 0), &after).renew, ["done"]);
+    }
+
+    #[test]
+    fn a_pass_reports_the_numbered_decision_it_applied() {
+        let runners = [runner("a").running().patch(3)];
+        assert_eq!(plan(&set(1, 4), &runners).decided, Some(3));
+        // Patch 0 is applied on every pass: nothing to remember.
+        assert_eq!(plan(&set(1, 0), &runners).decided, None);
+        // A decision held back (a revision being cleaned up, the set
+        // parked as Outdated, a view older than its runners) is not
+        // applied yet.
+        let mut cleanup = set(1, 4);
+        cleanup.actionable_revision = 2;
+        let old = [runner("old").running().revision(1)];
+        assert_eq!(plan(&cleanup, &old).decided, None);
+        let outdated = [runner("o").in_phase(Outdated)];
+        assert_eq!(plan(&set(1, 4), &outdated).decided, None);
+        let newer = [RunnerView {
+            set_generation: Some(9),
+            ..runner("n")
+        }];
+        assert_eq!(plan(&set(1, 4), &newer).decided, None);
+    }
+
+    #[test]
     fn only_a_runner_of_the_applied_revision_whose_registration_is_gone_is_renewed() {
         // A Succeeded runner whose registration is not known gone yet is
         // not renewable: deleted and replaced, its finalizer deregisters.
@@ -887,6 +981,18 @@ mod tests {
         assert!(p.delete.is_empty() && !p.remove_finalizer);
         assert!(plan(&s, &[]).remove_finalizer);
         assert!(p.create.is_none());
+        // A runner that ended with its job still recorded runs nothing.
+        let ended = [
+            runner("succeeded").running().busy().in_phase(Succeeded),
+            runner("failed").running().busy().in_phase(Failed),
+        ];
+        assert_eq!(
+            deleted(&plan(&s, &ended)),
+            [
+                ("succeeded", DeleteReason::SetDeleted),
+                ("failed", DeleteReason::SetDeleted)
+            ]
+        );
     }
 
     #[test]

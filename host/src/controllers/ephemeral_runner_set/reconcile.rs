@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::metrics::SetLabels;
 use super::plan::{self, Creation, DeleteReason, Plan, RunnerView, SetView};
-use super::{Context, FIELD_MANAGER, FINALIZER, annotations, labels};
+use super::{Context, FIELD_MANAGER, FINALIZER, SetMemory, annotations, labels};
 use crate::api::{
     EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSet, EphemeralRunnerStatus, RunnerRenewal,
 };
@@ -103,7 +103,21 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
         .iter()
         .map(|r| runner_view(r, &template, now))
         .collect();
-    let plan = plan::plan(&set_view(&set), &views);
+    let key = (namespace.clone(), name.clone());
+    let memory = ctx
+        .memory
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        .copied()
+        .unwrap_or_default();
+    let plan = plan::plan(
+        &SetView {
+            decision_applied: memory.decided.is_some() && memory.decided == set.metadata.generation,
+            ..set_view(&set)
+        },
+        &views,
+    );
 
     let sets_api: Api<EphemeralRunnerSet> = Api::namespaced(ctx.client.clone(), &namespace);
     let params = PatchParams {
@@ -120,7 +134,8 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
     delete_runners(&runners_api, &runners, &plan).await?;
     report_deletions(&ctx, &set, &plan).await;
     // No event either, for the same reason.
-    let not_renewed = renew_runners(&runners_api, &runners, &set, &plan.renew, now).await;
+    let not_renewed =
+        renew_runners(&runners_api, &runners, &set, &template, &plan.renew, now).await;
     // A runner not renewed (it changed since the list) is made up for by a
     // new one: the renewals done carry the decision's patch id, so the next
     // pass takes the decision as acted on and would not.
@@ -137,13 +152,10 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
     if let Some(error) = not_renewed.into_iter().next() {
         return Err(error);
     }
-    let key = (namespace.clone(), name.clone());
-    let since_last = ctx
-        .status_written
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&key)
-        .map(Instant::elapsed);
+    if let Some(generation) = plan.decided {
+        remember(&ctx, &key, |m| m.decided = Some(generation));
+    }
+    let since_last = memory.status_written.map(|at| at.elapsed());
     let before = set.status.clone().unwrap_or_default();
     let deferred = plan
         .status
@@ -156,10 +168,7 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
             .patch_status(&name, &params, &Patch::Merge(json!({ "status": status })))
             .await
             .map_err(Error::Update)?;
-        ctx.status_written
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.clone(), Instant::now());
+        remember(&ctx, &key, |m| m.status_written = Some(Instant::now()));
         if status.applied_actionable_revision != before.applied_actionable_revision {
             event(
                 &ctx,
@@ -195,7 +204,7 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
         patch_finalizers(&sets_api, &set, finalizers, &params).await?;
         ctx.metrics.current.remove(&set_labels);
         ctx.metrics.desired.remove(&set_labels);
-        ctx.status_written
+        ctx.memory
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&key);
@@ -206,7 +215,14 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
     ))
 }
 
-/// What the plan needs of the set.
+/// Changes what the controller remembers of the set `key`.
+fn remember(ctx: &Context, key: &(String, String), change: impl FnOnce(&mut SetMemory)) {
+    let mut memory = ctx.memory.lock().unwrap_or_else(|e| e.into_inner());
+    change(memory.entry(key.clone()).or_default());
+}
+
+/// What the plan needs of the set; what the controller remembers of it
+/// ([`SetView::decision_applied`]) is the caller's to add.
 pub fn set_view(set: &EphemeralRunnerSet) -> SetView {
     SetView {
         generation: set.metadata.generation.unwrap_or_default(),
@@ -216,6 +232,7 @@ pub fn set_view(set: &EphemeralRunnerSet) -> SetView {
         patch_id: set.spec.patch_id,
         actionable_revision: set.spec.actionable_revision,
         status: set.status.clone().unwrap_or_default(),
+        decision_applied: false,
     }
 }
 
@@ -286,10 +303,19 @@ fn built_as_now(runner: &EphemeralRunner, now: &EphemeralRunner) -> bool {
 /// `RunnerRenewal`), on the condition that the runner is still the version
 /// the plan saw (its resourceVersion), so a runner that changed since is
 /// decided on again by the next pass rather than renewed on an old view.
+///
+/// A renewal that finds the runner changed since the pass read it reads it
+/// again and renews it if it still can be (it succeeded, its registration
+/// is gone, it is built as now, it is not being deleted), once. What
+/// changes a finished runner meanwhile is nearly always the listener's
+/// late record of the job it ran, which a renewal is meant to replace; a
+/// renewal given up for it would be made up for with a creation, three
+/// API server writes more.
 async fn renew_runners(
     api: &Api<EphemeralRunner>,
     runners: &[EphemeralRunner],
     set: &EphemeralRunnerSet,
+    template: &EphemeralRunner,
     names: &[String],
     now: jiff::Timestamp,
 ) -> Vec<Error> {
@@ -307,17 +333,41 @@ async fn renew_runners(
         set_generation: set.metadata.generation.unwrap_or_default(),
         renewed_at: Time(now),
     };
+    let renewed = |runner: &EphemeralRunner| EphemeralRunner {
+        status: Some(EphemeralRunnerStatus {
+            renewal: Some(renewal(runner)),
+            ..EphemeralRunnerStatus::default()
+        }),
+        ..runner.clone()
+    };
+    let (params, renewed) = (&params, &renewed);
     each_named(runners, names.iter(), "renewed", |runner| {
-        let renewed = EphemeralRunner {
-            status: Some(EphemeralRunnerStatus {
-                renewal: Some(renewal(runner)),
-                ..EphemeralRunnerStatus::default()
-            }),
-            ..runner.clone()
-        };
-        let (api, params, name) = (api.clone(), params.clone(), runner.name_any());
+        let name = runner.name_any();
+        let first = renewed(runner);
         async move {
-            api.replace_status(&name, &params, &renewed)
+            let error = match api.replace_status(&name, params, &first).await {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(e)) if e.code == 409 => kube::Error::Api(e),
+                Err(source) => return Err(Error::Renew { name, source }),
+            };
+            let fresh = match api.get_opt(&name).await {
+                Ok(Some(fresh)) => fresh,
+                Ok(None) => return Ok(()),
+                Err(_) => {
+                    return Err(Error::Renew {
+                        name,
+                        source: error,
+                    });
+                }
+            };
+            let view = runner_view(&fresh, template, now);
+            if view.deleting || view.renewable_for.is_none() {
+                return Err(Error::Renew {
+                    name,
+                    source: error,
+                });
+            }
+            api.replace_status(&name, params, &renewed(&fresh))
                 .await
                 .map(drop)
                 .map_err(|source| Error::Renew { name, source })
