@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arcwright::api::{
-    EphemeralRunner, EphemeralRunnerSet, EphemeralRunnerSetPhase, EphemeralRunnerSetSpec,
-    EphemeralRunnerSetStatus, EphemeralRunnerSpec, EphemeralRunnerStatus,
+    EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSet, EphemeralRunnerSetPhase,
+    EphemeralRunnerSetSpec, EphemeralRunnerSetStatus, EphemeralRunnerSpec, EphemeralRunnerStatus,
 };
 use arcwright::controllers::Synced;
 use arcwright::controllers::ephemeral_runner::FINALIZER as RUNNER_FINALIZER;
@@ -710,4 +710,68 @@ async fn runner_updates_outside_the_projection_do_not_wake_the_set() {
         "the delivered update woke the reconciler ({reconciles} reconciles)"
     );
     assert_eq!(delivered(), 3, "one wake-up for five runner writes");
+}
+
+/// The listener's part next to the set: the start of a job whose runner the
+/// listener's cache shows succeeded on that very registration is not
+/// written (the job is over, and a renewal of the runner would be refused
+/// for the write landing under it); any other start is.
+#[tokio::test]
+async fn the_listener_leaves_out_the_start_of_a_job_its_runner_already_ended() {
+    use arcwright::listener::JobSink;
+    use arcwright::listener::cluster::{ClusterView, RunnerJobs};
+
+    let mut h = Harness::new("late-start").await;
+    let [done, busy] = <[String; 2]>::try_from(h.set_with_runners(2, 1).await).unwrap();
+    // Nothing but the test writes the runners from here on.
+    h.crash().await;
+    h.succeeded(&done, 7).await;
+    h.idle(&busy).await;
+    let shutdown = CancellationToken::new();
+    let view = ClusterView::watch(
+        &h.env.client(),
+        &[Some(h.env.namespace().to_owned())],
+        &shutdown,
+    );
+    view.wait_until_ready().await;
+    until("the cache sees the runner succeeded", || async {
+        view.runner(h.env.namespace(), &done).filter(|r| {
+            r.status.as_ref().and_then(|s| s.phase) == Some(EphemeralRunnerPhase::Succeeded)
+        })
+    })
+    .await;
+    let jobs = RunnerJobs::new(h.env.client(), h.env.namespace()).seeing(view);
+    let start = |runner: &str, runner_id: i64| arcwright::listener::JobStarted {
+        runner_name: runner.to_owned(),
+        runner_id,
+        runner_request_id: 5,
+        repository: "octo/app".into(),
+        workflow_ref: "octo/app/.github/workflows/ci.yml@main".into(),
+        workflow_run_id: 6,
+        job_id: format!("job-of-{runner_id}"),
+        job_display_name: "build".into(),
+        started_at: jiff::Timestamp::now(),
+    };
+    let job_of = |runners: &[EphemeralRunner], name: &str| {
+        runners
+            .iter()
+            .find(|r| r.name_any() == name)
+            .and_then(|r| r.status.as_ref()?.job_id.clone())
+    };
+
+    jobs.job_started(start(&done, 7)).await.unwrap();
+    jobs.job_started(start(&busy, 100)).await.unwrap();
+    let runners = h.runners().await;
+    assert_eq!(
+        job_of(&runners, &done),
+        None,
+        "the ended registration's job"
+    );
+    assert_eq!(job_of(&runners, &busy).as_deref(), Some("job-of-100"));
+    // A start on a registration the cache does not show ended (a newer
+    // one, the cache behind) is written.
+    jobs.job_started(start(&done, 8)).await.unwrap();
+    let runners = h.runners().await;
+    assert_eq!(job_of(&runners, &done).as_deref(), Some("job-of-8"));
+    shutdown.cancel();
 }

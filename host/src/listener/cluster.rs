@@ -118,6 +118,17 @@ impl ClusterView {
         }
     }
 
+    /// The runner `namespace/name` as the cache holds it.
+    pub fn runner(&self, namespace: &str, name: &str) -> Option<Arc<EphemeralRunner>> {
+        self.scopes
+            .iter()
+            .find(|scope| {
+                scope.namespace.is_none() || scope.namespace.as_deref() == Some(namespace)
+            })?
+            .runners
+            .get(&ObjectRef::new(name).within(namespace))
+    }
+
     /// What the set `namespace/name` holds, with its runners counted by
     /// phase.
     fn observe(&self, namespace: &str, name: &str) -> Option<Observed> {
@@ -269,7 +280,9 @@ impl ScaleTarget for RunnerSetTarget {
 /// sees that the runner is busy.
 pub struct RunnerJobs {
     api: Api<EphemeralRunner>,
+    namespace: String,
     record_successes: bool,
+    view: Option<ClusterView>,
 }
 
 impl RunnerJobs {
@@ -278,8 +291,44 @@ impl RunnerJobs {
     pub fn new(client: Client, namespace: &str) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
+            namespace: namespace.to_owned(),
             record_successes: false,
+            view: None,
         }
+    }
+
+    /// Leaves out the start of a job whose registration the cache shows
+    /// ended already (the runner Succeeded with it).
+    ///
+    /// Under a burst the starts come late, the job often over and its
+    /// runner succeeded by the time its message is read: the record is then
+    /// a write that nothing reads (the job no longer runs, and a renewal
+    /// writes the runner's status anew), and one that lands while the
+    /// runner is being renewed makes that renewal's conditional write fail.
+    /// Only an end the cache has seen is taken for one: a cache behind
+    /// shows the runner before it ended, and the start is written as
+    /// before. Ends are always written (a failed job's result is what a
+    /// held runner waits for).
+    pub fn seeing(mut self, view: ClusterView) -> Self {
+        self.view = Some(view);
+        self
+    }
+
+    /// Whether the cache shows `runner` succeeded on registration
+    /// `runner_id`.
+    fn ended(&self, runner: &str, runner_id: i64) -> bool {
+        let Some(cached) = self
+            .view
+            .as_ref()
+            .and_then(|view| view.runner(&self.namespace, runner))
+        else {
+            return false;
+        };
+        cached.status.as_ref().is_some_and(|status| {
+            status.phase == Some(EphemeralRunnerPhase::Succeeded)
+                && runner_id != 0
+                && status.runner_id == runner_id
+        })
     }
 
     /// Whether a successful job's result is recorded too.
@@ -344,6 +393,9 @@ fn started_fields(job: &JobStarted) -> serde_json::Value {
 
 impl JobSink for RunnerJobs {
     async fn job_started(&self, job: JobStarted) -> Result<(), ListenerError> {
+        if self.ended(&job.runner_name, job.runner_id) {
+            return Ok(());
+        }
         self.record(&job.runner_name, started_fields(&job)).await
     }
 

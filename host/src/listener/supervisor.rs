@@ -197,7 +197,8 @@ impl ListenerControl for Supervisor {
                 &config.runner_set_name,
             ),
             RunnerJobs::new(self.kube.clone(), &config.namespace)
-                .recording_successes(config.holds_failures),
+                .recording_successes(config.holds_failures)
+                .seeing(self.view.clone()),
             status,
             &self.shutdown,
         );
