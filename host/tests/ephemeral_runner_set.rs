@@ -715,9 +715,11 @@ async fn runner_updates_outside_the_projection_do_not_wake_the_set() {
 /// The listener's part next to the set: the start of a job whose runner the
 /// listener's cache shows succeeded on that very registration is not
 /// written (the job is over, and a renewal of the runner would be refused
-/// for the write landing under it); any other start is.
+/// for the write landing under it); any other start is. A success is
+/// written while the runner still runs, for the set to know the job's end
+/// was seen.
 #[tokio::test]
-async fn the_listener_leaves_out_the_start_of_a_job_its_runner_already_ended() {
+async fn the_listener_records_a_job_on_its_runner_as_far_as_the_set_needs_it() {
     use arcwright::listener::JobSink;
     use arcwright::listener::cluster::{ClusterView, RunnerJobs};
 
@@ -773,5 +775,36 @@ async fn the_listener_leaves_out_the_start_of_a_job_its_runner_already_ended() {
     jobs.job_started(start(&done, 8)).await.unwrap();
     let runners = h.runners().await;
     assert_eq!(job_of(&runners, &done).as_deref(), Some("job-of-8"));
+
+    // A success is recorded only while the cache shows its runner still
+    // running on that registration: the set then knows the listener saw
+    // the job end. Failures always are.
+    let end = |runner: &str, runner_id: i64, result: &str| arcwright::listener::JobCompleted {
+        runner_name: runner.to_owned(),
+        runner_id,
+        runner_request_id: 5,
+        job_id: format!("job-of-{runner_id}"),
+        result: result.to_owned(),
+        finished_at: jiff::Timestamp::now(),
+        started: None,
+    };
+    let result_of = |runners: &[EphemeralRunner], name: &str| {
+        runners
+            .iter()
+            .find(|r| r.name_any() == name)
+            .and_then(|r| r.status.as_ref()?.job_result.clone())
+    };
+    jobs.job_completed(end(&done, 7, "succeeded"))
+        .await
+        .unwrap();
+    jobs.job_completed(end(&busy, 100, "succeeded"))
+        .await
+        .unwrap();
+    let runners = h.runners().await;
+    assert_eq!(result_of(&runners, &done), None, "its runner had ended");
+    assert_eq!(result_of(&runners, &busy).as_deref(), Some("succeeded"));
+    jobs.job_completed(end(&done, 7, "failed")).await.unwrap();
+    let runners = h.runners().await;
+    assert_eq!(result_of(&runners, &done).as_deref(), Some("failed"));
     shutdown.cancel();
 }

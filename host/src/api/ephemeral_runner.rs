@@ -267,10 +267,20 @@ impl EphemeralRunnerStatus {
     pub fn has_job(&self) -> bool {
         let recorded =
             self.job_id.as_deref().is_some_and(|id| !id.is_empty()) || self.job_request_id != 0;
-        recorded
-            && (self.job_runner_id == 0
-                || self.runner_id == 0
-                || self.job_runner_id == self.runner_id)
+        recorded && self.record_is_current()
+    }
+
+    /// Whether the listener recorded the end of this registration's job
+    /// (its result): the listener has then seen the job end, and so has any
+    /// scaling decision it made since.
+    pub fn job_ended(&self) -> bool {
+        self.job_result.is_some() && self.record_is_current()
+    }
+
+    /// Whether the job fields are of this runner's registration, not a late
+    /// record of the one before a renewal.
+    fn record_is_current(&self) -> bool {
+        self.job_runner_id == 0 || self.runner_id == 0 || self.job_runner_id == self.runner_id
     }
 
     /// How many times the runner was renewed: which pod and Secret are its
@@ -282,5 +292,35 @@ impl EphemeralRunnerStatus {
     /// The condition of `type_`, if any.
     pub fn condition(&self, type_: &str) -> Option<&Condition> {
         self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_record_counts_only_for_the_registration_it_names() {
+        let status = |runner_id, job_runner_id, result: Option<&str>| EphemeralRunnerStatus {
+            runner_id,
+            job_runner_id,
+            job_id: Some("job-1".into()),
+            job_result: result.map(str::to_owned),
+            ..EphemeralRunnerStatus::default()
+        };
+        // Its own registration's job, running, then ended.
+        assert!(status(7, 7, None).has_job());
+        assert!(!status(7, 7, None).job_ended());
+        assert!(status(7, 7, Some("succeeded")).job_ended());
+        // A record without a registration, or a runner not registered yet:
+        // taken as the runner's.
+        assert!(status(7, 0, Some("failed")).job_ended());
+        assert!(status(0, 7, None).has_job());
+        // A late record of the registration before a renewal.
+        assert!(!status(8, 7, None).has_job());
+        assert!(!status(8, 7, Some("succeeded")).job_ended());
+        // No record at all.
+        assert!(!EphemeralRunnerStatus::default().has_job());
+        assert!(!EphemeralRunnerStatus::default().job_ended());
     }
 }

@@ -309,33 +309,49 @@ impl RunnerJobs {
     /// shows the runner before it ended, and the start is written as
     /// before. Ends are always written (a failed job's result is what a
     /// held runner waits for).
+    ///
+    /// With the cache, the success of a job whose runner it still shows
+    /// running on that registration (its pod not exited yet) is recorded
+    /// too: the EphemeralRunnerSet learns from it that the listener's
+    /// decisions have seen the job end, so the runner, once it succeeds,
+    /// does not fill its own place under a decision already applied (rule
+    /// 5 of its plan) and is replaced at once. A success whose runner has
+    /// already ended is not worth the write: the decision that saw it found
+    /// the runner gone.
     pub fn seeing(mut self, view: ClusterView) -> Self {
         self.view = Some(view);
         self
     }
 
+    /// The phase the cache shows `runner` in, if it shows it on
+    /// registration `runner_id`.
+    fn phase_on(&self, runner: &str, runner_id: i64) -> Option<EphemeralRunnerPhase> {
+        let cached = self.view.as_ref()?.runner(&self.namespace, runner)?;
+        let status = cached.status.as_ref()?;
+        (runner_id != 0 && status.runner_id == runner_id).then(|| status.phase.unwrap_or_default())
+    }
+
     /// Whether the cache shows `runner` succeeded on registration
     /// `runner_id`.
     fn ended(&self, runner: &str, runner_id: i64) -> bool {
-        let Some(cached) = self
-            .view
-            .as_ref()
-            .and_then(|view| view.runner(&self.namespace, runner))
-        else {
-            return false;
-        };
-        cached.status.as_ref().is_some_and(|status| {
-            status.phase == Some(EphemeralRunnerPhase::Succeeded)
-                && runner_id != 0
-                && status.runner_id == runner_id
-        })
+        self.phase_on(runner, runner_id) == Some(EphemeralRunnerPhase::Succeeded)
     }
 
-    /// Whether a successful job's result is recorded too.
+    /// Whether the cache shows `runner` still running on registration
+    /// `runner_id`.
+    fn still_running(&self, runner: &str, runner_id: i64) -> bool {
+        matches!(
+            self.phase_on(runner, runner_id),
+            Some(EphemeralRunnerPhase::Pending | EphemeralRunnerPhase::Running)
+        )
+    }
+
+    /// Whether every successful job's result is recorded too.
     ///
     /// A job's end is a status write on its runner, one per job, and for a
-    /// job that succeeded nothing reads it: the runner exits 0 and ends as
-    /// Succeeded on its own. A result other than success is worth the
+    /// job that succeeded little reads it: the runner exits 0 and ends as
+    /// Succeeded on its own (the one reader is the set, see
+    /// [`Self::seeing`]). A result other than success is worth the
     /// write (it says why the runner ended). Only a scale set that holds
     /// failed runners needs every result: its runners, having exited 0,
     /// wait for the result to tell a failed job (held) from a successful
@@ -404,7 +420,10 @@ impl JobSink for RunnerJobs {
             // Cancelled before any runner took it: nothing to record.
             return Ok(());
         }
-        if !self.record_successes && job.result.eq_ignore_ascii_case("succeeded") {
+        if !self.record_successes
+            && job.result.eq_ignore_ascii_case("succeeded")
+            && !self.still_running(&job.runner_name, job.runner_id)
+        {
             return Ok(());
         }
         let mut status = job

@@ -69,9 +69,8 @@ pub struct Context {
     /// The metrics every controller reports (reconcile durations and
     /// errors); unregistered unless the process hands its own.
     pub controller_metrics: ControllerMetrics,
-    /// What the controller remembers of each set between passes, by
-    /// namespace and name.
-    pub(crate) memory: std::sync::Mutex<std::collections::HashMap<(String, String), SetMemory>>,
+    /// What the controller remembers of each set between passes, by uid.
+    pub(crate) memory: std::sync::Mutex<std::collections::HashMap<String, SetMemory>>,
 }
 
 /// What the controller remembers of a set between passes. Nothing here is

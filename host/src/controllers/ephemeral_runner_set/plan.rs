@@ -38,9 +38,13 @@
 //!    was left for: a registration made and removed again, two Actions
 //!    calls each. Here, once a pass has applied a decision, later passes
 //!    under it count the runners that succeeded and are still kept for
-//!    renewal as filling their places; a runner that failed or vanished is
-//!    still replaced, so a decision satisfied in a quiet hour still makes up
-//!    for a runner lost after it.
+//!    renewal as filling their places, unless the listener recorded their
+//!    job's end: it records the end of a job whose runner it still sees
+//!    running, so a runner whose end the decision had already seen (it was
+//!    still counted only because its pod had not exited) is replaced at
+//!    once, as in ARC. A runner that failed or vanished is still replaced,
+//!    so a decision satisfied in a quiet hour still makes up for a runner
+//!    lost after it.
 //! 6. A runner held for debugging (Debugging) is neither live nor finished:
 //!    it does not count towards `replicas` (the set creates its
 //!    replacement, as for a finished runner not cleaned up yet, so a hold
@@ -144,6 +148,8 @@ pub struct RunnerView {
     pub runner_id: i64,
     /// Whether the listener recorded a job for it.
     pub has_job: bool,
+    /// Whether the listener recorded the end of its job (rule 5).
+    pub job_ended: bool,
     /// The patch id it was created under (annotation).
     pub patch_id: Option<i32>,
     /// The revision it was built from (annotation); absent counts as 0.
@@ -336,9 +342,11 @@ pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
     let mut renewable = renewable.into_iter();
     let scaling = cleanup_done && !current_outdated;
     // Rule 5's departure: under a decision already applied, the runners
-    // kept for renewal fill their places.
+    // kept for renewal whose job's end the listener has not recorded fill
+    // their places.
     let filled = if set.patch_id != 0 && set.decision_applied {
-        total.saturating_add(i32::try_from(renewable.len()).unwrap_or(i32::MAX))
+        let unheard = renewable.as_slice().iter().filter(|r| !r.job_ended).count();
+        total.saturating_add(i32::try_from(unheard).unwrap_or(i32::MAX))
     } else {
         total
     };
@@ -705,6 +713,11 @@ mod tests {
             self.renewable_for = Some(Duration::from_secs(secs));
             self
         }
+        /// The listener recorded its job's end.
+        fn end_heard(mut self) -> Self {
+            self.job_ended = true;
+            self
+        }
     }
 
     #[test]
@@ -795,6 +808,15 @@ mod tests {
         assert_eq!((p.renew.len(), created(&p)), (1, 0));
         // Patch 0 keeps the count whatever was applied before.
         assert_eq!(plan(&applied(3, 0), &after).renew, ["done"]);
+        // A runner whose job's end the listener recorded (it saw the end
+        // while the runner still ran): the decision had seen it end, and
+        // counted the runner only because its pod had not exited yet.
+        let heard = [
+            runner("a").running().patch(3),
+            runner("b").running().patch(3),
+            runner("done").renewable(0).end_heard(),
+        ];
+        assert_eq!(plan(&applied(3, 4), &heard).renew, ["done"]);
     }
 
     #[test]

@@ -103,7 +103,8 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
         .iter()
         .map(|r| runner_view(r, &template, now))
         .collect();
-    let key = (namespace.clone(), name.clone());
+    // By uid: a set deleted and made again under its name starts afresh.
+    let key = uid.clone();
     let memory = ctx
         .memory
         .lock()
@@ -215,10 +216,10 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
     ))
 }
 
-/// Changes what the controller remembers of the set `key`.
-fn remember(ctx: &Context, key: &(String, String), change: impl FnOnce(&mut SetMemory)) {
+/// Changes what the controller remembers of the set whose uid is `key`.
+fn remember(ctx: &Context, key: &str, change: impl FnOnce(&mut SetMemory)) {
     let mut memory = ctx.memory.lock().unwrap_or_else(|e| e.into_inner());
-    change(memory.entry(key.clone()).or_default());
+    change(memory.entry(key.to_owned()).or_default());
 }
 
 /// What the plan needs of the set; what the controller remembers of it
@@ -270,6 +271,7 @@ pub fn runner_view(
         phase: status.phase,
         runner_id: status.runner_id,
         has_job: status.has_job(),
+        job_ended: status.job_ended(),
         patch_id,
         revision: annotation(annotations::REVISION).unwrap_or(0),
         set_generation,
@@ -352,8 +354,8 @@ async fn renew_runners(
             };
             let fresh = match api.get_opt(&name).await {
                 Ok(Some(fresh)) => fresh,
-                Ok(None) => return Ok(()),
-                Err(_) => {
+                // Gone: not renewed, so that a creation makes up for it.
+                Ok(None) | Err(_) => {
                     return Err(Error::Renew {
                         name,
                         source: error,
@@ -377,8 +379,8 @@ async fn renew_runners(
 }
 
 /// Does `write` to each runner of `names` this pass read, all of them even
-/// when one fails; a runner gone meanwhile is skipped, and the other
-/// failures are returned (typically conflicts: the runner changed since the
+/// when one fails; a deletion of a runner gone meanwhile is skipped, and the
+/// other failures are returned (typically conflicts: the runner changed since the
 /// pass read it, and the next pass decides again).
 async fn each_named<'a, W, F>(
     runners: &'a [EphemeralRunner],
@@ -397,16 +399,12 @@ where
         };
         match write(runner).await {
             Ok(()) => {}
-            Err(
-                Error::Delete {
-                    source: kube::Error::Api(e),
-                    ..
-                }
-                | Error::Renew {
-                    source: kube::Error::Api(e),
-                    ..
-                },
-            ) if e.code == 404 => {}
+            // A runner gone needs no deletion; one gone before it was
+            // renewed is a failure, which a creation makes up for.
+            Err(Error::Delete {
+                source: kube::Error::Api(e),
+                ..
+            }) if e.code == 404 => {}
             Err(error) => {
                 tracing::info!(%error, "runner not {done}; the next pass decides again");
                 failures.push(error);
