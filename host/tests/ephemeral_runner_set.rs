@@ -716,8 +716,8 @@ async fn runner_updates_outside_the_projection_do_not_wake_the_set() {
 /// listener's cache shows succeeded on that very registration is not
 /// written (the job is over, and a renewal of the runner would be refused
 /// for the write landing under it); any other start is. A success is
-/// written while the runner still runs, for the set to know the job's end
-/// was seen.
+/// written while the runner still runs and jobs wait for runners, for the
+/// set to know the job's end was seen.
 #[tokio::test]
 async fn the_listener_records_a_job_on_its_runner_as_far_as_the_set_needs_it() {
     use arcwright::listener::JobSink;
@@ -787,6 +787,7 @@ async fn the_listener_records_a_job_on_its_runner_as_far_as_the_set_needs_it() {
         result: result.to_owned(),
         finished_at: jiff::Timestamp::now(),
         started: None,
+        jobs_waiting: true,
     };
     let result_of = |runners: &[EphemeralRunner], name: &str| {
         runners
@@ -797,11 +798,19 @@ async fn the_listener_records_a_job_on_its_runner_as_far_as_the_set_needs_it() {
     jobs.job_completed(end(&done, 7, "succeeded"))
         .await
         .unwrap();
+    // With no job waiting for a runner, nobody wants the place.
+    let unwanted = arcwright::listener::JobCompleted {
+        jobs_waiting: false,
+        ..end(&busy, 100, "succeeded")
+    };
+    jobs.job_completed(unwanted).await.unwrap();
+    let runners = h.runners().await;
+    assert_eq!(result_of(&runners, &done), None, "its runner had ended");
+    assert_eq!(result_of(&runners, &busy), None, "no job waiting");
     jobs.job_completed(end(&busy, 100, "succeeded"))
         .await
         .unwrap();
     let runners = h.runners().await;
-    assert_eq!(result_of(&runners, &done), None, "its runner had ended");
     assert_eq!(result_of(&runners, &busy).as_deref(), Some("succeeded"));
     jobs.job_completed(end(&done, 7, "failed")).await.unwrap();
     let runners = h.runners().await;

@@ -272,7 +272,8 @@ impl EphemeralRunnerStatus {
 
     /// Whether the listener recorded the end of this registration's job
     /// (its result): the listener has then seen the job end, and so has any
-    /// scaling decision it made since.
+    /// scaling decision it made since (the set may still be applying an
+    /// earlier one, which a record cannot tell).
     pub fn job_ended(&self) -> bool {
         self.job_result.is_some() && self.record_is_current()
     }

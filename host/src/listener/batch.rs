@@ -131,6 +131,9 @@ pub fn plan_batch(message: &Message, now: Timestamp) -> BatchPlan {
                         },
                         finished_at: job.finish_time.unwrap_or(now),
                         started: None,
+                        jobs_waiting: message
+                            .statistics
+                            .is_some_and(|s| s.total_assigned_jobs > s.total_running_jobs),
                     });
                 }
             }
@@ -350,6 +353,22 @@ mod tests {
             assert_eq!(plan.job_events, events, "{name}");
             assert_eq!(plan.statistics.unwrap().total_assigned_jobs, 4, "{name}");
         }
+    }
+
+    #[test]
+    fn an_end_says_whether_jobs_waited_for_runners_when_it_came() {
+        let waiting = |statistics: Option<(i64, i64)>| {
+            let mut m = message(vec![completed(1, "r-1", "succeeded")]);
+            m.statistics = statistics.map(|(assigned, running)| RunnerScaleSetStatistic {
+                total_assigned_jobs: assigned,
+                total_running_jobs: running,
+                ..RunnerScaleSetStatistic::default()
+            });
+            plan_batch(&m, now()).completed[0].jobs_waiting
+        };
+        assert!(waiting(Some((3, 2))), "one assigned job not running");
+        assert!(!waiting(Some((2, 2))), "every assigned job running");
+        assert!(!waiting(None), "no statistics: nothing known to wait");
     }
 
     #[test]

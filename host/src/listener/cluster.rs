@@ -312,12 +312,15 @@ impl RunnerJobs {
     ///
     /// With the cache, the success of a job whose runner it still shows
     /// running on that registration (its pod not exited yet) is recorded
-    /// too: the EphemeralRunnerSet learns from it that the listener's
-    /// decisions have seen the job end, so the runner, once it succeeds,
-    /// does not fill its own place under a decision already applied (rule
-    /// 5 of its plan) and is replaced at once. A success whose runner has
-    /// already ended is not worth the write: the decision that saw it found
-    /// the runner gone.
+    /// too when jobs wait for runners: the EphemeralRunnerSet learns from
+    /// it that the listener's decisions have seen the job end, so the
+    /// runner, once it succeeds, does not fill its own place under a
+    /// decision already applied (rule 5 of its plan) and a waiting job gets
+    /// it at once, renewed, if the record is there by then (else it waits
+    /// for the next decision or the end of the renewal window). With no job
+    /// waiting, nobody wants the place and the write is saved; nor is a
+    /// success whose runner the cache shows ended written: the set's pass
+    /// on the decision that saw it most likely found the runner gone.
     pub fn seeing(mut self, view: ClusterView) -> Self {
         self.view = Some(view);
         self
@@ -422,7 +425,7 @@ impl JobSink for RunnerJobs {
         }
         if !self.record_successes
             && job.result.eq_ignore_ascii_case("succeeded")
-            && !self.still_running(&job.runner_name, job.runner_id)
+            && !(job.jobs_waiting && self.still_running(&job.runner_name, job.runner_id))
         {
             return Ok(());
         }

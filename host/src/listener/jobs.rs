@@ -55,6 +55,11 @@ pub struct JobCompleted {
     /// The job's start, when the same message carried it: then it is not
     /// recorded on its own (see [`super::batch::plan_batch`]).
     pub started: Option<JobStarted>,
+    /// Whether the statistics of the message that carried it show jobs
+    /// assigned to the scale set and not running yet: then a place this
+    /// runner leaves is wanted at once (see
+    /// [`RunnerJobs::seeing`](super::cluster::RunnerJobs::seeing)).
+    pub jobs_waiting: bool,
 }
 
 /// Where a listener records jobs on their runners.

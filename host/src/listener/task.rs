@@ -220,12 +220,13 @@ impl<C: ClientSource, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, S>
     /// while they are written is missing from the set's count but still
     /// counted by the statistics, so the decision replaced it with a runner
     /// no job was left for (a registration, and its removal, wasted: two
-    /// Actions calls). The records come a few milliseconds later, and no
-    /// scale-down gets between: a message with job events is decided with a
+    /// Actions calls). The records come later by the decision's write (by
+    /// hundreds of milliseconds for the last of a long message either
+    /// way), and no scale-down gets between: a message with job events is decided with a
     /// numbered patch, which never scales down, and the records are written
     /// right after it, whether or not it went out, so before the next poll and any
     /// decision that could carry patch id 0. A record always trails its
-    /// job's start (by a batch window and more), in either order; the
+    /// job's start (by a batch window and more), whichever comes first; the
     /// service refusing to remove a runner whose job runs is what protects
     /// a busy runner whose record is not there yet. What a custom policy
     /// reads of the runners is as of before this message's records; it was

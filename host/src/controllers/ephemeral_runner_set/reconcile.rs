@@ -354,13 +354,15 @@ async fn renew_runners(
             };
             let fresh = match api.get_opt(&name).await {
                 Ok(Some(fresh)) => fresh,
-                // Gone: not renewed, so that a creation makes up for it.
-                Ok(None) | Err(_) => {
+                // Gone after it changed: not renewed, so that a creation
+                // makes up for it.
+                Ok(None) => {
                     return Err(Error::Renew {
                         name,
                         source: error,
                     });
                 }
+                Err(source) => return Err(Error::Renew { name, source }),
             };
             let view = runner_view(&fresh, template, now);
             if view.deleting || view.renewable_for.is_none() {

@@ -1,13 +1,15 @@
 //! The owned watch: which EphemeralRunner events wake their set.
 //!
 //! A runner's status is written often by others: readiness, failure
-//! bookkeeping, the job details the listener records, messages. None of it is
-//! input to the set, yet every such write would enqueue a reconcile of the
-//! set, which lists all its runners. So an update is dropped when the
+//! bookkeeping, the job details the listener records, messages. Little of it
+//! is input to the set, yet every such write would enqueue a reconcile of
+//! the set, which lists all its runners. So an update is dropped when the
 //! projection the set reconciler actually reads is unchanged (seed 004):
 //! object metadata (less `resourceVersion` and `managedFields`, which change
-//! on every write), the spec, `status.phase`, `status.runnerId` and
-//! `status.renewal`.
+//! on every write), the spec, `status.phase`, `status.runnerId`,
+//! `status.renewal`, and whether a runner that succeeded has its job's end
+//! recorded (a record that lands after the runner succeeded can free its
+//! place under a decision already applied: rule 5 of the plan).
 //!
 //! A predicate may only ever be an optimisation, so everything else is
 //! delivered: a runner seen for the first time, a deletion, and a runner
@@ -39,6 +41,9 @@ pub fn projection(runner: &EphemeralRunner) -> u64 {
         status.and_then(|s| s.phase),
         status.map_or(0, |s| s.runner_id),
         status.and_then(|s| s.renewal.as_ref()),
+        status.is_some_and(|s| {
+            s.phase == Some(crate::api::EphemeralRunnerPhase::Succeeded) && s.job_ended()
+        }),
     );
     let mut hasher = DefaultHasher::new();
     // Serialising gives every field a stable byte form; the types are ours
