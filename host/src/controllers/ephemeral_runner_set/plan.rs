@@ -40,9 +40,13 @@
 //!    under it count the runners that succeeded and are still kept for
 //!    renewal as filling their places, unless the listener recorded their
 //!    job's end: it records the end of a job whose runner it still sees
-//!    running, so a runner whose end the decision had already seen (it was
-//!    still counted only because its pod had not exited) is replaced at
-//!    once, as in ARC. A runner that failed or vanished is still replaced,
+//!    running while jobs wait for runners, so a runner whose end the
+//!    decision had already seen (it was still counted only because its pod
+//!    had not exited) is replaced as soon as the record is there, as in ARC
+//!    (a record that lands after the runner succeeded wakes the set). What
+//!    a record cannot say is which decision saw the end: a set still on an
+//!    earlier decision takes it as seen by that one too, at worst one
+//!    surplus registration. A runner that failed or vanished is still replaced,
 //!    so a decision satisfied in a quiet hour still makes up for a runner
 //!    lost after it.
 //! 6. A runner held for debugging (Debugging) is neither live nor finished:
