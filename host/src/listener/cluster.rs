@@ -118,13 +118,16 @@ impl ClusterView {
         }
     }
 
+    /// The caches that hold `namespace`.
+    fn scope(&self, namespace: &str) -> Option<&Scope> {
+        self.scopes.iter().find(|scope| {
+            scope.namespace.is_none() || scope.namespace.as_deref() == Some(namespace)
+        })
+    }
+
     /// The runner `namespace/name` as the cache holds it.
     pub fn runner(&self, namespace: &str, name: &str) -> Option<Arc<EphemeralRunner>> {
-        self.scopes
-            .iter()
-            .find(|scope| {
-                scope.namespace.is_none() || scope.namespace.as_deref() == Some(namespace)
-            })?
+        self.scope(namespace)?
             .runners
             .get(&ObjectRef::new(name).within(namespace))
     }
@@ -132,9 +135,7 @@ impl ClusterView {
     /// What the set `namespace/name` holds, with its runners counted by
     /// phase.
     fn observe(&self, namespace: &str, name: &str) -> Option<Observed> {
-        let scope = self.scopes.iter().find(|scope| {
-            scope.namespace.is_none() || scope.namespace.as_deref() == Some(namespace)
-        })?;
+        let scope = self.scope(namespace)?;
         let set = scope
             .runner_sets
             .get(&ObjectRef::new(name).within(namespace))?;
