@@ -39,6 +39,7 @@ struct Harness {
     fake: FakeActions,
     listeners: InMemoryListeners,
     metrics: ControllerMetrics,
+    context: Arc<Context<InMemoryListeners, ActionsClients>>,
     shutdown: CancellationToken,
 }
 
@@ -73,14 +74,16 @@ impl Harness {
         let shutdown = CancellationToken::new();
         let namespace = env.namespace().to_string();
         let stop = shutdown.clone();
+        let running = context.clone();
         tokio::spawn(async move {
-            controller::run(context, Some(&namespace), stop, Synced::default()).await
+            controller::run(running, Some(&namespace), stop, Synced::default()).await
         });
         Self {
             env,
             fake,
             listeners,
             metrics,
+            context,
             shutdown,
         }
     }
@@ -537,6 +540,45 @@ async fn label_only_change_shows_pending_and_restarts_the_listener() {
         set.metadata.generation, generation,
         "labels do not move the generation"
     );
+}
+
+#[tokio::test]
+async fn a_reconcile_from_a_copy_older_than_its_own_status_write_changes_nothing() {
+    let h = Harness::start("ars-stale-copy").await;
+    let created = h.create(template(json!(null))).await;
+    let set = h
+        .set_until("the set runs", |set| {
+            phase(set) == Some(AutoscalingRunnerSetPhase::Running)
+                && set.status.as_ref().and_then(|s| s.observed_generation)
+                    == set.metadata.generation
+        })
+        .await;
+    // The copy a watch can still hold when the reconcile that wrote the
+    // last status is followed by the one its own writes queued: the id
+    // recorded, the generation not yet observed.
+    let mut stale = set.clone();
+    stale.metadata.resource_version = created.metadata.resource_version.clone();
+    let status = stale.status.as_mut().unwrap();
+    status.phase = Some(AutoscalingRunnerSetPhase::Pending);
+    status.observed_generation = None;
+    let calls = h.fake.control().counters().total_calls();
+
+    controller::reconcile(Arc::new(stale), h.context.clone())
+        .await
+        .expect("the reconcile succeeds");
+
+    let after = h.sets().get(NAME).await.unwrap();
+    assert_eq!(
+        after.resource_version(),
+        set.resource_version(),
+        "nothing written: no Pending flap, no status rewrite"
+    );
+    assert_eq!(
+        h.fake.control().counters().total_calls(),
+        calls,
+        "the scale set is not synced with the service again"
+    );
+    assert_eq!(h.listeners.history().len(), 1, "the listener kept running");
 }
 
 /// Waits until `name` is gone.

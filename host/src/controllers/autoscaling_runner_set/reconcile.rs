@@ -222,14 +222,46 @@ async fn reconcile_set<L: ListenerControl, S: ActionsClientSource>(
         return delete(&set, &context, &apis).await;
     }
 
-    let verdict = validate(&set, &context).await?;
-    let runner_set = apis
-        .runner_sets
-        .get_opt(&name)
-        .await
-        .map_err(kube_err("reading the EphemeralRunnerSet"))?;
-    let mut observed = observe(&set, runner_set.as_ref(), &context.listeners, verdict);
-    let mut decided = plan::plan(&observed);
+    let mut set = set;
+    let mut read_again = false;
+    let (runner_set, mut observed, mut decided) = loop {
+        let verdict = validate(&set, &context).await?;
+        let runner_set = apis
+            .runner_sets
+            .get_opt(&name)
+            .await
+            .map_err(kube_err("reading the EphemeralRunnerSet"))?;
+        let observed = observe(&set, runner_set.as_ref(), &context.listeners, verdict);
+        let decided = plan::plan(&observed);
+        if read_again || !(decided.sync_scale_set || decided.mark_pending) {
+            break (runner_set, observed, decided);
+        }
+        // The cache may not hold this controller's own last status write
+        // yet: a reconcile queued by the writes of the one before it can
+        // start from the copy in between, with the id recorded but the
+        // generation not yet observed. Acting on that copy would mark a
+        // running set Pending and sync the scale set with the service a
+        // second time. So a plan that would do either is made again from
+        // the API server's copy (a quorum read, one per spec change).
+        read_again = true;
+        match apis
+            .sets
+            .get_opt(&name)
+            .await
+            .map_err(kube_err("reading the AutoscalingRunnerSet"))?
+        {
+            Some(fresh) if fresh.resource_version() == set.resource_version() => {
+                break (runner_set, observed, decided);
+            }
+            // A deletion, or the object gone: the event that says so is
+            // queued behind this reconcile, which the controller runs next.
+            Some(fresh) if fresh.metadata.deletion_timestamp.is_some() => {
+                return Ok(Action::await_change());
+            }
+            None => return Ok(Action::await_change()),
+            Some(fresh) => set = Arc::new(fresh),
+        }
+    };
     if decided.add_finalizer {
         let mut finalizers = set.finalizers().to_vec();
         finalizers.push(FINALIZER.into());
