@@ -223,45 +223,54 @@ async fn reconcile_set<L: ListenerControl, S: ActionsClientSource>(
     }
 
     let mut set = set;
-    let mut read_again = false;
-    let (runner_set, mut observed, mut decided) = loop {
-        let verdict = validate(&set, &context).await?;
-        let runner_set = apis
-            .runner_sets
-            .get_opt(&name)
-            .await
-            .map_err(kube_err("reading the EphemeralRunnerSet"))?;
-        let observed = observe(&set, runner_set.as_ref(), &context.listeners, verdict);
-        let decided = plan::plan(&observed);
-        if read_again || !(decided.sync_scale_set || decided.mark_pending) {
-            break (runner_set, observed, decided);
-        }
-        // The cache may not hold this controller's own last status write
-        // yet: a reconcile queued by the writes of the one before it can
-        // start from the copy in between, with the id recorded but the
-        // generation not yet observed. Acting on that copy would mark a
-        // running set Pending and sync the scale set with the service a
-        // second time. So a plan that would do either is made again from
-        // the API server's copy (a quorum read, one per spec change).
-        read_again = true;
-        match apis
+    let verdict = validate(&set, &context).await?;
+    let runner_set = apis
+        .runner_sets
+        .get_opt(&name)
+        .await
+        .map_err(kube_err("reading the EphemeralRunnerSet"))?;
+    let mut observed = observe(
+        &set,
+        runner_set.as_ref(),
+        &context.listeners,
+        verdict.clone(),
+    );
+    let mut decided = plan::plan(&observed);
+    // As in the EphemeralRunner controller, a reconcile with nothing to do
+    // is decided from the cache, a step on the API server's copy. The cache
+    // may not hold this controller's own last status write yet: a reconcile
+    // queued by the writes of the one before it can start from the copy in
+    // between, with the id recorded but the generation not yet observed.
+    // Acting on that copy would mark a running set Pending and sync the
+    // scale set with the service a second time. So a plan that would do
+    // either is made again from a quorum read (one per spec change); the
+    // verdict is kept when the spec is the same, the runner set just read.
+    if decided.sync_scale_set || decided.mark_pending {
+        let fresh = apis
             .sets
             .get_opt(&name)
             .await
-            .map_err(kube_err("reading the AutoscalingRunnerSet"))?
-        {
-            Some(fresh) if fresh.resource_version() == set.resource_version() => {
-                break (runner_set, observed, decided);
-            }
+            .map_err(kube_err("reading the AutoscalingRunnerSet"))?;
+        match fresh {
+            Some(fresh) if fresh.resource_version() == set.resource_version() => {}
             // A deletion, or the object gone: the event that says so is
             // queued behind this reconcile, which the controller runs next.
             Some(fresh) if fresh.metadata.deletion_timestamp.is_some() => {
                 return Ok(Action::await_change());
             }
             None => return Ok(Action::await_change()),
-            Some(fresh) => set = Arc::new(fresh),
+            Some(fresh) => {
+                let verdict = if fresh.metadata.generation == set.metadata.generation {
+                    verdict
+                } else {
+                    validate(&fresh, &context).await?
+                };
+                set = Arc::new(fresh);
+                observed = observe(&set, runner_set.as_ref(), &context.listeners, verdict);
+                decided = plan::plan(&observed);
+            }
         }
-    };
+    }
     if decided.add_finalizer {
         let mut finalizers = set.finalizers().to_vec();
         finalizers.push(FINALIZER.into());
