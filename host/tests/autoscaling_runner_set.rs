@@ -11,11 +11,11 @@ use arcwright::api::{
     AutoscalingRunnerSet, AutoscalingRunnerSetPhase, EphemeralRunner, EphemeralRunnerSet,
     EphemeralRunnerSetPhase, labels,
 };
-use arcwright::controllers::Synced;
 use arcwright::controllers::autoscaling_runner_set::{
     self as controller, CONTROLLER, Context, FINALIZER, FORCE_DELETE_ANNOTATION, InMemoryListeners,
     ListenerEvent, SCALE_SET_ID_ANNOTATION, TEMPLATE_CONDITION,
 };
+use arcwright::controllers::kit::Synced;
 use arcwright::controllers::metrics::ControllerMetrics;
 use arcwright::credentials::ActionsClients;
 use arcwright::policy::reporter::RecordingReporter;

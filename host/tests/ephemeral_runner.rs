@@ -17,13 +17,13 @@ use arcwright::actions::{
 use arcwright::api::{DebugSpec, SecretKeyRef, SlackSpec};
 use arcwright::api::{
     EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec, EphemeralRunnerStatus,
-    RENEWAL_ANNOTATION, RunnerRenewal,
+    RunnerRenewal, annotations::RENEWAL as RENEWAL_ANNOTATION,
 };
-use arcwright::controllers::Synced;
 use arcwright::controllers::ephemeral_runner::{
     self, Config, Dependencies, SlackConfig,
     plan::{SLACK_NOTIFIED, Settings},
 };
+use arcwright::controllers::kit::Synced;
 use arcwright::controllers::metrics::ControllerMetrics;
 use arcwright::controllers::metrics::RunnerLabels;
 use arcwright::credentials::ActionsClients;

@@ -14,11 +14,11 @@ use arcwright::api::{
     EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSet, EphemeralRunnerSetPhase,
     EphemeralRunnerSetSpec, EphemeralRunnerSetStatus, EphemeralRunnerSpec, EphemeralRunnerStatus,
 };
-use arcwright::controllers::Synced;
 use arcwright::controllers::ephemeral_runner::FINALIZER as RUNNER_FINALIZER;
 use arcwright::controllers::ephemeral_runner_set::{
     self as controller, Context, FINALIZER, SetMetrics, annotations, labels,
 };
+use arcwright::controllers::kit::Synced;
 use arcwright_harness::TestEnv;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use kube::ResourceExt;

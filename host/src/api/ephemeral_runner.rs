@@ -235,7 +235,7 @@ pub struct EphemeralRunnerStatus {
 /// The set writes the whole status when it renews, so nothing of the job
 /// before (phase, registration, job, conditions) survives into the next.
 /// The pod and Secret carry the count they were made for
-/// ([`RENEWAL_ANNOTATION`]), so those of the job before are never taken for
+/// (the [`RENEWAL`](super::annotations::RENEWAL) annotation), so those of the job before are never taken for
 /// the current one's.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -252,9 +252,21 @@ pub struct RunnerRenewal {
     pub renewed_at: Time,
 }
 
-/// The annotation on a runner's pod and JIT config Secret saying which
-/// renewal of the runner they were made for (absent: none, the first job).
-pub const RENEWAL_ANNOTATION: &str = "arcwright.dev/renewal";
+/// The job fields of the status the listener writes (its record of the
+/// job a runner took); cleared together when they are about another
+/// registration than the runner's (see `EphemeralRunnerStatus::job_runner_id`).
+pub const JOB_FIELDS: [&str; 10] = [
+    "jobRequestId",
+    "jobRunnerId",
+    "jobId",
+    "jobRepositoryName",
+    "jobWorkflowRef",
+    "workflowRunId",
+    "jobDisplayName",
+    "jobStartedAt",
+    "jobResult",
+    "jobFinishedAt",
+];
 
 fn is_zero(value: &i64) -> bool {
     *value == 0

@@ -4,12 +4,15 @@
 //!
 //! The Rust types are the source of truth: `cargo xtask crds` writes
 //! `crds/*.yaml` from them ([`crd_files`]) and CI fails when the files are
-//! stale. One module per kind; what they share is in [`shared`].
+//! stale. One module per kind; what they share is in [`shared`]; the labels,
+//! annotations, finalizers and field managers written beside them are in
+//! [`labels`], [`annotations`], [`finalizers`] and [`field_managers`].
 
 pub mod autoscaling_runner_set;
 pub mod ephemeral_runner;
 pub mod ephemeral_runner_set;
 pub mod shared;
+mod wire;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -19,8 +22,8 @@ pub use autoscaling_runner_set::{
     AutoscalingRunnerSetStatus, ListenerStatus, ScalingStatus,
 };
 pub use ephemeral_runner::{
-    EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec, EphemeralRunnerStatus,
-    RENEWAL_ANNOTATION, RunnerRenewal,
+    EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec, EphemeralRunnerStatus, JOB_FIELDS,
+    RunnerRenewal,
 };
 pub use ephemeral_runner_set::{
     EphemeralRunnerSet, EphemeralRunnerSetPhase, EphemeralRunnerSetSpec, EphemeralRunnerSetStatus,
@@ -29,27 +32,12 @@ pub use shared::{
     DebugSpec, GitHubServerTls, PolicyRefs, ProxyServer, ProxySpec, ResourceMeta, SecretKeyRef,
     SlackSpec, TlsCertificateSource,
 };
+pub use wire::{Finalizer, annotations, field_managers, finalizers, labels};
 
 /// The API group.
 pub const GROUP: &str = "arcwright.dev";
 /// The API version.
 pub const VERSION: &str = "v1alpha1";
-
-/// Labels arcwright puts on the objects it creates, to find them again.
-pub mod labels {
-    /// The scale set (AutoscalingRunnerSet name) an object belongs to.
-    pub const SCALE_SET_NAME: &str = "arcwright.dev/scale-set-name";
-    /// The scale set's namespace.
-    pub const SCALE_SET_NAMESPACE: &str = "arcwright.dev/scale-set-namespace";
-    /// The EphemeralRunner a pod or Secret belongs to.
-    pub const EPHEMERAL_RUNNER: &str = "arcwright.dev/ephemeral-runner";
-    /// `app.kubernetes.io/component`: `runner`, `runner-set`...
-    pub const COMPONENT: &str = "app.kubernetes.io/component";
-    /// `app.kubernetes.io/part-of`.
-    pub const PART_OF: &str = "app.kubernetes.io/part-of";
-    /// `app.kubernetes.io/managed-by`.
-    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-}
 
 /// Every CRD, in a stable order.
 pub fn crds() -> Vec<CustomResourceDefinition> {

@@ -13,11 +13,8 @@ use jiff::{SignedDuration, Timestamp};
 
 use crate::api::DebugSpec;
 
-/// The annotation on an EphemeralRunner that moves its hold's end (RFC 3339).
-/// An annotation rather than a status field or an API of our own: `kubectl
-/// annotate` works, RBAC on `update` of the runner governs who may, and the
-/// apiserver's audit log records who did.
-pub const HOLD_UNTIL_ANNOTATION: &str = "arcwright.dev/hold-until";
+/// The annotation on an EphemeralRunner that moves its hold's end.
+pub use crate::api::annotations::HOLD_UNTIL as HOLD_UNTIL_ANNOTATION;
 
 /// How many runners of a scale set are held at once when `maxHeld` is not
 /// given; see [`DebugSpec::max_held`].

@@ -23,7 +23,6 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
@@ -35,16 +34,17 @@ use super::ListenerError;
 use super::jobs::{JobCompleted, JobSink, JobStarted};
 use super::status::{Health, StatusSink, StatusUpdate};
 use super::target::{Observed, ScalePatch, ScaleTarget};
+use crate::api::labels::EPHEMERAL_RUNNER_SET as SET;
 use crate::api::{
     AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSet,
     ListenerStatus, ScalingStatus,
 };
-use crate::controllers::ephemeral_runner_set::labels::SET;
+use crate::events::{Notice, Publisher, Severity};
 use crate::policy::PolicyEvent;
 use crate::policy::types::RunnerCounts;
 
 /// The field manager of every write a listener makes.
-pub const FIELD_MANAGER: &str = "arcwright-listener";
+pub use crate::api::field_managers::LISTENER as FIELD_MANAGER;
 
 /// Informer caches of the EphemeralRunnerSets and EphemeralRunners every
 /// listener of the process reads. Clones share the caches.
@@ -457,23 +457,18 @@ impl ScaleSetStatus {
     /// Starts the writer for `set`, a reference to the AutoscalingRunnerSet
     /// (namespace, name and uid, so events show in `kubectl describe`). It
     /// ends once every sender is dropped, i.e. when its listener has ended.
-    pub fn start(client: Client, recorder: Recorder, set: ObjectReference) -> Self {
+    pub fn start(client: Client, events: Publisher, set: ObjectReference) -> Self {
         let (updates, queue) = mpsc::unbounded_channel();
         let api: Api<AutoscalingRunnerSet> =
             Api::namespaced(client, set.namespace.as_deref().unwrap_or_default());
-        tokio::spawn(write_statuses(api, recorder, set, queue));
+        tokio::spawn(write_statuses(api, events, set, queue));
         Self { updates }
     }
 
-    /// The recorder a listener's events go out through.
-    pub fn recorder(client: Client) -> Recorder {
-        Recorder::new(
-            client,
-            Reporter {
-                controller: FIELD_MANAGER.into(),
-                instance: None,
-            },
-        )
+    /// The publisher a listener's events go out through
+    /// (`arcwright-listener`).
+    pub fn publisher(client: Client) -> Publisher {
+        Publisher::new(client, "listener")
     }
 
     /// A reference to `set` for [`ScaleSetStatus::start`].
@@ -504,7 +499,7 @@ impl StatusSink for ScaleSetStatus {
 struct Batch {
     health: Option<Health>,
     decision: Option<super::DecisionReport>,
-    events: Vec<Event>,
+    events: Vec<Notice>,
     announced: Option<(u32, String)>,
 }
 
@@ -530,7 +525,7 @@ impl Batch {
     }
 
     /// The status patch and the events gathered since the last call.
-    fn take(&mut self, now: Timestamp) -> (serde_json::Value, Vec<Event>) {
+    fn take(&mut self, now: Timestamp) -> (serde_json::Value, Vec<Notice>) {
         let status = self.status(now);
         self.health = None;
         self.decision = None;
@@ -581,10 +576,10 @@ pub fn listener_status(health: &Health, now: Timestamp) -> ListenerStatus {
     }
 }
 
-fn health_event(health: &Health) -> Event {
+fn health_event(health: &Health) -> Notice {
     let (type_, reason, note) = match health {
         Health::Listening => (
-            EventType::Normal,
+            Severity::Normal,
             "Listening",
             "the listener holds its message session".to_owned(),
         ),
@@ -593,26 +588,20 @@ fn health_event(health: &Health) -> Event {
             message,
             retry_in,
         } => (
-            EventType::Warning,
+            Severity::Warning,
             cause.as_str(),
             format!("the listener retries in {retry_in:?}: {message}"),
         ),
         Health::Stopped => (
-            EventType::Normal,
+            Severity::Normal,
             "ListenerStopped",
             "the listener stopped and deleted its message session".to_owned(),
         ),
     };
-    Event {
-        type_,
-        reason: reason.into(),
-        note: Some(crate::events::note(note)),
-        action: "Listen".into(),
-        secondary: None,
-    }
+    Notice::new(type_, reason, note).during("Listen")
 }
 
-fn decision_event(decision: &super::DecisionReport) -> Event {
+fn decision_event(decision: &super::DecisionReport) -> Notice {
     let mut note = format!(
         "{} runners desired by {}: {}",
         decision.desired, decision.policy, decision.reason
@@ -622,24 +611,18 @@ fn decision_event(decision: &super::DecisionReport) -> Event {
             " (the configured policy did not decide: {fallback})"
         ));
     }
-    Event {
-        type_: EventType::Normal,
-        reason: "ScalingDecision".into(),
-        note: Some(crate::events::note(note)),
-        action: "Scale".into(),
-        secondary: None,
-    }
+    Notice::normal("ScalingDecision", note).during("Scale")
 }
 
-fn policy_event(policy: &str, event: &PolicyEvent) -> Event {
+fn policy_event(policy: &str, event: &PolicyEvent) -> Notice {
     let (type_, reason, note) = match event {
         PolicyEvent::Loaded { sha256 } => (
-            EventType::Normal,
+            Severity::Normal,
             "PolicyLoaded",
             format!("scaling policy {policy} loaded (sha256 {sha256})"),
         ),
         PolicyEvent::LoadFailed { reason, message } => (
-            EventType::Warning,
+            Severity::Warning,
             "PolicyLoadFailed",
             format!("scaling policy {policy} not loaded ({reason}): {message}"),
         ),
@@ -648,23 +631,17 @@ fn policy_event(policy: &str, event: &PolicyEvent) -> Event {
             message,
             fallback,
         } => (
-            EventType::Warning,
+            Severity::Warning,
             "PolicyFallback",
             format!("scaling policy {policy} failed ({reason}), {fallback} decided: {message}"),
         ),
         PolicyEvent::Clamped { requested, max } => (
-            EventType::Warning,
+            Severity::Warning,
             "PolicyClamped",
             format!("scaling policy {policy} asked for {requested} runners; clamped to {max}"),
         ),
     };
-    Event {
-        type_,
-        reason: reason.into(),
-        note: Some(crate::events::note(note)),
-        action: "Scale".into(),
-        secondary: None,
-    }
+    Notice::new(type_, reason, note).during("Scale")
 }
 
 /// The writer task: folds what is queued, writes it, repeats until the
@@ -673,19 +650,18 @@ fn policy_event(policy: &str, event: &PolicyEvent) -> Event {
 /// not something any controller decides on.
 async fn write_statuses(
     api: Api<AutoscalingRunnerSet>,
-    recorder: Recorder,
+    events: Publisher,
     set: ObjectReference,
     mut queue: mpsc::UnboundedReceiver<StatusUpdate>,
 ) {
     let name = set.name.clone().unwrap_or_default();
-    let recorder = Arc::new(recorder);
     let mut batch = Batch::default();
     while let Some(first) = queue.recv().await {
         batch.add(first);
         while let Ok(next) = queue.try_recv() {
             batch.add(next);
         }
-        let (status, events) = batch.take(Timestamp::now());
+        let (status, notices) = batch.take(Timestamp::now());
         if status.as_object().is_some_and(|fields| !fields.is_empty()) {
             let written = api
                 .patch_status(
@@ -702,10 +678,8 @@ async fn write_statuses(
                 }
             }
         }
-        for event in events {
-            if let Err(error) = recorder.publish(&event, &set).await {
-                tracing::debug!(scale_set = %name, "listener event not published: {error}");
-            }
+        for notice in notices {
+            events.publish(&set, notice).await;
         }
     }
 }
@@ -729,7 +703,7 @@ mod tests {
             job_display_name: "d".into(),
             started_at: Timestamp::UNIX_EPOCH,
         };
-        let cleared = crate::controllers::ephemeral_runner::plan::JOB_FIELDS;
+        let cleared = crate::api::JOB_FIELDS;
         for key in started_fields(&job).as_object().unwrap().keys() {
             assert!(cleared.contains(&key.as_str()), "{key}");
         }
@@ -766,8 +740,9 @@ mod tests {
                             "policy": "builtin:default", "lastDecisionTime": "2026-12-01T08:00:00Z"},
             })
         );
-        let reasons =
-            |events: &[Event]| -> Vec<String> { events.iter().map(|e| e.reason.clone()).collect() };
+        let reasons = |events: &[Notice]| -> Vec<String> {
+            events.iter().map(|e| e.reason.clone()).collect()
+        };
         let (_, events) = batch.take(now);
         assert_eq!(
             reasons(&events),

@@ -55,6 +55,7 @@ pub const SERVICE_BATCH_MAX: usize = 50;
 mod backoff;
 mod batch;
 pub mod cluster;
+pub mod control;
 mod error;
 mod jobs;
 mod memory;
@@ -74,6 +75,7 @@ use tracing::Instrument;
 
 pub use backoff::{Backoff, Cause, Recovery, recovery};
 pub use batch::{BatchPlan, plan_batch, scaling_input};
+pub use control::{InMemoryListeners, ListenerConfig, ListenerControl, ListenerEvent, StartError};
 pub use error::ListenerError;
 pub use jobs::{JobCompleted, JobSink, JobStarted};
 pub use memory::{JobRecord, MemoryJobSink, MemoryScaleTarget, MemoryStatusSink, Recorder};

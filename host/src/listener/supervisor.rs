@@ -18,12 +18,11 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use kube::Client;
-use kube::runtime::events::Recorder;
 use tokio_util::sync::CancellationToken;
 
 use super::cluster::{ClusterView, RunnerJobs, RunnerSetTarget, ScaleSetStatus};
+use super::control::{ListenerConfig, ListenerControl, StartError};
 use super::{Backoff, CredentialSource, ListenerHandle, ListenerMetrics, ListenerSpec};
-use crate::controllers::autoscaling_runner_set::{ListenerConfig, ListenerControl, ListenerError};
 use crate::credentials::ActionsClients;
 use crate::policy::loader::PolicyLoader;
 use crate::policy::types::ScaleSet;
@@ -36,7 +35,7 @@ pub struct Supervisor {
     clients: ActionsClients,
     loader: PolicyLoader,
     view: ClusterView,
-    recorder: Recorder,
+    events: crate::events::Publisher,
     owner: String,
     backoff: Backoff,
     batch_window: std::time::Duration,
@@ -58,7 +57,7 @@ impl Supervisor {
         shutdown: CancellationToken,
     ) -> Self {
         Self {
-            recorder: ScaleSetStatus::recorder(kube.clone()),
+            events: ScaleSetStatus::publisher(kube.clone()),
             kube,
             clients,
             loader,
@@ -153,7 +152,7 @@ impl ListenerControl for Supervisor {
             .map(|(config, _)| config.clone())
     }
 
-    async fn ensure(&self, config: ListenerConfig) -> Result<(), ListenerError> {
+    async fn ensure(&self, config: ListenerConfig) -> Result<(), StartError> {
         let key = (config.namespace.clone(), config.name.clone());
         let previous = {
             let mut running = self.lock();
@@ -172,7 +171,7 @@ impl ListenerControl for Supervisor {
         self.clients
             .get(&config.github)
             .await
-            .map_err(|error| ListenerError {
+            .map_err(|error| StartError {
                 namespace: config.namespace.clone(),
                 name: config.name.clone(),
                 message: error.to_string(),
@@ -183,7 +182,7 @@ impl ListenerControl for Supervisor {
         };
         let status = ScaleSetStatus::start(
             self.kube.clone(),
-            self.recorder.clone(),
+            self.events.clone(),
             ScaleSetStatus::reference(&config.namespace, &config.name, config.uid.clone()),
         );
         let handle = super::spawn(

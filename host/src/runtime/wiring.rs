@@ -13,7 +13,7 @@ use futures::future::join_all;
 
 use super::options::WatchScope;
 use super::{BoxError, Component, Context, ReadinessGate};
-use crate::controllers::{self, Synced};
+use crate::controllers::{self, kit::Synced};
 use crate::listener::Supervisor;
 use crate::listener::cluster::ClusterView;
 use crate::policy::PolicyKind;

@@ -20,10 +20,12 @@ pub mod binaries;
 pub mod certs;
 pub mod control_plane;
 mod env;
+mod eventually;
 pub mod process;
 
 pub use control_plane::ControlPlane;
 pub use env::{TestEnv, namespace_name, shared_control_plane};
+pub use eventually::{POLL, eventually, eventually_explained};
 
 use std::path::PathBuf;
 

@@ -13,7 +13,6 @@
 //! and never registers anything for a template the pod-validation policy
 //! refused.
 
-pub mod listener_control;
 pub mod plan;
 pub mod reconcile;
 pub mod watch;
@@ -24,8 +23,8 @@ use crate::actions::{ActionsClient, ActionsError};
 use crate::api::AutoscalingRunnerSet;
 use crate::credentials::{ActionsClients, CredentialsError, GitHubTarget};
 
-pub use listener_control::{
-    InMemoryListeners, ListenerConfig, ListenerControl, ListenerError, ListenerEvent,
+pub use crate::listener::control::{
+    InMemoryListeners, ListenerConfig, ListenerControl, ListenerEvent, StartError,
 };
 pub use reconcile::{Context, reconcile, run};
 
@@ -117,7 +116,7 @@ pub enum Error {
     Policy(#[from] crate::policy::PolicyError),
     /// The listener could not be started.
     #[error(transparent)]
-    Listener(#[from] ListenerError),
+    Listener(#[from] StartError),
     /// The object lacks a field the API server always sets.
     #[error("the object has no {0}")]
     Incomplete(&'static str),

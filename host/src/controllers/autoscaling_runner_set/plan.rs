@@ -19,7 +19,7 @@ use crate::api::{
 };
 use crate::policy::types::Violation;
 
-use super::listener_control::ListenerConfig;
+use crate::listener::control::ListenerConfig;
 
 /// The pod-validation policy's verdict on the runner pod template.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -136,7 +136,7 @@ pub async fn run<L: ListenerControl, S: ActionsClientSource>(
     context: Arc<Context<L, S>>,
     namespace: Option<&str>,
     shutdown: CancellationToken,
-    synced: crate::controllers::Synced,
+    synced: crate::controllers::kit::Synced,
 ) {
     let client = context.client.clone();
     let (sets, runner_sets): (Api<AutoscalingRunnerSet>, Api<EphemeralRunnerSet>) = match namespace
@@ -167,7 +167,7 @@ pub async fn run<L: ListenerControl, S: ActionsClientSource>(
                 tracing::warn!(%error, "autoscaling runner set reconcile failed");
             }
         });
-    crate::controllers::until_shutdown(controller, &shutdown, listed).await;
+    crate::controllers::kit::until_shutdown(controller, &shutdown, listed).await;
 }
 
 fn error_policy<L: ListenerControl, S: ActionsClientSource>(

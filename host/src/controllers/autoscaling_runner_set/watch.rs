@@ -57,14 +57,14 @@ pub fn filtered(
     events: impl Stream<Item = Result<watcher::Event<EphemeralRunnerSet>, watcher::Error>>,
     judged: impl Fn(bool) + Send + 'static,
 ) -> impl Stream<Item = Result<EphemeralRunnerSet, watcher::Error>> {
-    crate::controllers::projection::filtered(events, runner_set_projection, judged)
+    crate::controllers::kit::projection::filtered(events, runner_set_projection, judged)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::EphemeralRunnerSetStatus;
-    use crate::controllers::projection::ProjectionFilter;
+    use crate::controllers::kit::projection::ProjectionFilter;
 
     fn set() -> EphemeralRunnerSet {
         let mut set: EphemeralRunnerSet = serde_json::from_value(json!({

@@ -316,7 +316,7 @@ pub async fn run(
     deps: Dependencies,
     config: Config,
     shutdown: CancellationToken,
-    synced: super::Synced,
+    synced: super::kit::Synced,
 ) {
     let client = deps.client.clone();
     let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
@@ -382,7 +382,7 @@ pub async fn run(
     // A runner pod's status moves with every probe and pull; the runner is
     // woken only when what its plan reads of the pod changed (seed 004).
     let metrics = ctx.deps.metrics.clone();
-    let pods = crate::controllers::projection::filtered(
+    let pods = crate::controllers::kit::projection::filtered(
         watcher::watcher(pods, owned.clone())
             .default_backoff()
             .modify(resources::slim_pod)
@@ -403,7 +403,7 @@ pub async fn run(
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {});
-    super::until_shutdown(controller, &shutdown, listed).await;
+    super::kit::until_shutdown(controller, &shutdown, listed).await;
     shutdown.cancel();
     let _ = pool_task.await;
 }

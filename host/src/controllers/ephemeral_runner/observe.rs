@@ -435,7 +435,7 @@ mod pod_watch_tests {
     use serde_json::json;
 
     use super::*;
-    use crate::controllers::projection::ProjectionFilter;
+    use crate::controllers::kit::projection::ProjectionFilter;
 
     fn pod() -> Pod {
         serde_json::from_value(json!({

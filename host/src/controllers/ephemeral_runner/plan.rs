@@ -40,8 +40,9 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde_json::json;
 
-use crate::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerStatus};
-use crate::debug::{HOLD_UNTIL_ANNOTATION, Hold};
+use crate::api::annotations::HOLD_UNTIL as HOLD_UNTIL_ANNOTATION;
+use crate::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerStatus, JOB_FIELDS};
+use crate::debug::Hold;
 use crate::policy::types::{RunnerEnding, RunnerPhase, Verdict};
 use crate::slack::HeldFailure;
 
@@ -783,21 +784,6 @@ pub fn registration_id(status: &EphemeralRunnerStatus, secret: Option<&SecretVie
             .map_or(0, |s| s.runner_id)
     }
 }
-
-/// The job fields the listener writes; cleared together when they are
-/// about another registration than the runner's.
-pub(crate) const JOB_FIELDS: [&str; 10] = [
-    "jobRequestId",
-    "jobRunnerId",
-    "jobId",
-    "jobRepositoryName",
-    "jobWorkflowRef",
-    "workflowRunId",
-    "jobDisplayName",
-    "jobStartedAt",
-    "jobResult",
-    "jobFinishedAt",
-];
 
 /// The status without a job record that names another registration than
 /// `runner_id`, if it holds one: a record of the runner's job before a

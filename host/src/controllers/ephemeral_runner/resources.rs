@@ -10,7 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::Resource;
 
 use super::plan::{RUNNER_CONTAINER, SecretView};
-use crate::api::{EphemeralRunner, RENEWAL_ANNOTATION, labels};
+use crate::api::annotations::RENEWAL as RENEWAL_ANNOTATION;
+use crate::api::{EphemeralRunner, labels};
 
 /// The Secret key holding the encoded JIT config (ARC's).
 pub const JIT_TOKEN_KEY: &str = "jitToken";

@@ -44,7 +44,7 @@ pub const CONTROLLER_NAME: &str = "ephemeral-runner-set";
 /// Labels on the runners a set creates.
 pub mod labels {
     /// The set a runner belongs to: how the set lists and watches them.
-    pub const SET: &str = "arcwright.dev/ephemeral-runner-set";
+    pub use crate::api::labels::EPHEMERAL_RUNNER_SET as SET;
 }
 
 /// Annotations on the runners a set creates.
@@ -117,7 +117,7 @@ pub async fn run(
     namespace: Option<&str>,
     concurrency: u16,
     shutdown: CancellationToken,
-    synced: super::Synced,
+    synced: super::kit::Synced,
 ) {
     let (sets, runners): (Api<EphemeralRunnerSet>, Api<EphemeralRunner>) = match namespace {
         Some(ns) => (
@@ -153,7 +153,7 @@ pub async fn run(
             tracing::warn!(%error, "ephemeral runner set reconcile failed");
         }
     });
-    super::until_shutdown(controller, &shutdown, listed).await;
+    super::kit::until_shutdown(controller, &shutdown, listed).await;
 }
 
 /// Runner events turned into wake-ups of their sets, with what the filter

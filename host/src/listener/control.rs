@@ -1,9 +1,10 @@
 //! How the AutoscalingRunnerSet controller starts and stops the listener of
-//! a scale set.
+//! a scale set: the seam between the controller and the listeners, kept
+//! here so the listener depends on nothing of the controllers.
 //!
 //! The controller only decides *that* a listener must run with a given
 //! configuration, or must not run; the listener itself (message session,
-//! long poll, scaling decisions) lives in `crate::listener` as one task per
+//! long poll, scaling decisions) lives in this module's parent as one task per
 //! scale set. This trait is the seam between the two: the production
 //! implementation wraps those tasks (it is written alongside the listener,
 //! and spawns or cancels one task per scale set, deleting the message
@@ -59,10 +60,11 @@ pub struct ListenerConfig {
     pub holds_failures: bool,
 }
 
-/// Why a listener could not be started.
+/// Why a listener could not be started (the listener's own failures,
+/// once it runs, are [`ListenerError`](super::ListenerError)s).
 #[derive(Debug, thiserror::Error)]
 #[error("the listener of {namespace}/{name} could not be started: {message}")]
-pub struct ListenerError {
+pub struct StartError {
     /// The AutoscalingRunnerSet's namespace.
     pub namespace: String,
     /// The AutoscalingRunnerSet's name.
@@ -78,10 +80,8 @@ pub trait ListenerControl: Send + Sync + 'static {
     fn running(&self, namespace: &str, name: &str) -> Option<ListenerConfig>;
     /// Makes a listener with `config` run (starting it; the caller stops a
     /// listener with another configuration first).
-    fn ensure(
-        &self,
-        config: ListenerConfig,
-    ) -> impl Future<Output = Result<(), ListenerError>> + Send;
+    fn ensure(&self, config: ListenerConfig)
+    -> impl Future<Output = Result<(), StartError>> + Send;
     /// Stops the listener of `namespace/name`, if one runs, and waits until
     /// it has stopped, so nothing acquires jobs after this returns.
     fn stop(&self, namespace: &str, name: &str) -> impl Future<Output = ()> + Send;
@@ -159,7 +159,7 @@ impl ListenerControl for InMemoryListeners {
             .cloned()
     }
 
-    async fn ensure(&self, config: ListenerConfig) -> Result<(), ListenerError> {
+    async fn ensure(&self, config: ListenerConfig) -> Result<(), StartError> {
         self.record(|listeners| {
             let key = (config.namespace.clone(), config.name.clone());
             if listeners.running.get(&key) != Some(&config) {
