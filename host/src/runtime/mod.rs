@@ -131,7 +131,7 @@ pub enum RuntimeError {
     /// Leader election could not start (the Lease cannot be read or
     /// created).
     #[error("leader election cannot start: {0}")]
-    Election(#[source] kube_lease_manager::LeaseManagerError),
+    Election(#[source] leader::ElectionError),
     /// The Slack signing secret's file is unreadable or empty.
     #[error("the Slack signing secret cannot be read from {path}: {reason}")]
     SigningSecret {

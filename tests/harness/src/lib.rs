@@ -22,10 +22,12 @@ pub mod control_plane;
 mod env;
 mod eventually;
 pub mod process;
+mod relay;
 
 pub use control_plane::ControlPlane;
 pub use env::{TestEnv, namespace_name, shared_control_plane};
 pub use eventually::{POLL, eventually, eventually_explained};
+pub use relay::TcpRelay;
 
 use std::path::PathBuf;
 
