@@ -217,15 +217,15 @@ fn test_guests_are_built_under_the_target_directory() {
     }
 }
 
-/// The policy author's guide shows the suite a copy of the template starts
-/// with: it is the template's own suite, so a copy run as the guide says
+/// The policy author's guide (`docs/policies.md`) shows the suite a copy of
+/// the template starts with: it is the template's own suite, so a copy run as the guide says
 /// passes (the template's suites run in `every_guest_suite_passes_...`),
 /// and there is one suite to edit, not a second one beside the template's.
 #[test]
 fn the_guides_suite_is_the_template_suite_a_copy_starts_with() {
-    let readme = fs::read_to_string(policies_dir().join("../README.md")).unwrap();
-    let step = readme
-        .split_once("### 4. Write a suite")
+    let guide = fs::read_to_string(policies_dir().join("../docs/policies.md")).unwrap();
+    let step = guide
+        .split_once("## 4. Write a suite")
         .expect("the guide has a step 4")
         .1;
     let example = step

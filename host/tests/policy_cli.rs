@@ -275,14 +275,43 @@ fn eval_names_a_misspelt_input_key() {
     );
 }
 
-/// The `arcwright policy ...` commands of the README's fenced shell blocks,
-/// continuation lines joined.
-fn readme_commands() -> Vec<String> {
-    let readme = include_str!("../../README.md");
+/// The README and every document under `docs/`: where a policy author
+/// reads the commands, wherever a section moves.
+fn documents() -> Vec<(std::path::PathBuf, String)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut paths = vec![root.join("README.md")];
+    let mut docs: Vec<_> = fs::read_dir(root.join("docs"))
+        .expect("docs/ exists")
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    docs.sort();
+    paths.extend(docs);
+    paths
+        .into_iter()
+        .map(|path| {
+            let text = fs::read_to_string(&path).unwrap();
+            (path, text)
+        })
+        .collect()
+}
+
+/// The `arcwright policy ...` commands of the documents' fenced shell
+/// blocks, continuation lines joined.
+fn documented_commands() -> Vec<String> {
+    documents()
+        .iter()
+        .flat_map(|(_, text)| shell_commands(text))
+        .filter(|command| command.starts_with("arcwright policy"))
+        .collect()
+}
+
+/// The commands of `text`'s fenced `sh` blocks, continuation lines joined.
+fn shell_commands(text: &str) -> Vec<String> {
     let mut commands = Vec::new();
     let mut in_shell = false;
     let mut pending = String::new();
-    for line in readme.lines() {
+    for line in text.lines() {
         let trimmed = line.trim();
         if trimmed.starts_with("```") {
             in_shell = !in_shell && trimmed == "```sh";
@@ -298,17 +327,14 @@ fn readme_commands() -> Vec<String> {
             }
             None => {
                 pending.push_str(trimmed);
-                let command = std::mem::take(&mut pending);
-                if command.starts_with("arcwright policy") {
-                    commands.push(command);
-                }
+                commands.push(std::mem::take(&mut pending));
             }
         }
     }
     commands
 }
 
-/// Lays out, under `dir`, the files a README command names: the module it
+/// Lays out, under `dir`, the files a documented command names: the module it
 /// builds (the template's component), its suites (the template's) and an
 /// input.
 fn lay_out_files_for(command: &str, dir: &std::path::Path) {
@@ -339,15 +365,18 @@ fn lay_out_files_for(command: &str, dir: &std::path::Path) {
     }
 }
 
+/// Every `arcwright policy` command the README and the docs show (the
+/// policy author's guide, `docs/policies.md`, has one of each) runs as
+/// written and does what the guide says it does.
 #[test]
-fn the_readme_commands_run_as_written() {
-    let commands = readme_commands();
+fn the_documented_policy_commands_run_as_written() {
+    let commands = documented_commands();
     for sub in ["test", "eval", "inspect", "configmap"] {
         assert!(
             commands
                 .iter()
                 .any(|c| c.starts_with(&format!("arcwright policy {sub} "))),
-            "the README shows no `arcwright policy {sub}`: {commands:#?}"
+            "the docs show no `arcwright policy {sub}`: {commands:#?}"
         );
     }
     let bin = tempfile::tempdir().unwrap();

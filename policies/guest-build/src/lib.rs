@@ -314,8 +314,9 @@ fn require_guest_target() {
 /// rustc cannot be made to say this itself: the clash is found while
 /// compiling the policy, and `arcwright-guest`, compiled before it, cannot
 /// know whether something else in the final crate graph will link `std`.
-/// The same advice is in the troubleshooting table of the README's policy
-/// author's guide, for builds that do not go through a build script.
+/// The same advice is in the troubleshooting table of the policy author's
+/// guide (`docs/policies.md`), for builds that do not go through a build
+/// script.
 pub fn explain(stderr: &str) -> Option<String> {
     if !(stderr.contains("E0152") && stderr.contains("panic_impl")) {
         return None;

@@ -11,7 +11,7 @@
 //! `tests/policy.yaml` with them (as copied, they pass). Everything the
 //! policy may look at is in its input: there is no clock, filesystem or
 //! network, and the only thing it can ask of the controller is a log line.
-//! The walk-through is the "Writing a policy" section of the README.
+//! The walk-through is the policy author's guide, `docs/policies.md`.
 
 // No standard library on wasm: the component then imports nothing, which is
 // what the controller requires. `arcwright-guest` provides the allocator,
