@@ -54,9 +54,29 @@ pub struct ListenerMetrics {
     idle_runners: Family<ScaleSetLabels, Gauge>,
     desired_runners: Family<ScaleSetLabels, Gauge>,
     decisions: Family<DecisionLabels, Counter>,
+    /// Where the scaling policies' failures are counted
+    /// (`arcwright_policy_failures_total`), beside the other policy kinds'.
+    policy: Option<crate::policy::metrics::PolicyMetrics>,
 }
 
 impl ListenerMetrics {
+    /// The same metrics, counting scaling policy failures in `policy`.
+    pub fn with_policy_metrics(self, policy: crate::policy::metrics::PolicyMetrics) -> Self {
+        Self {
+            policy: Some(policy),
+            ..self
+        }
+    }
+
+    /// What a listener's scaling policy reports through besides its status:
+    /// the log line, and the failure counted where metrics are kept.
+    pub(crate) fn policy_reporter(&self) -> crate::policy::reporter::TracingReporter {
+        match &self.policy {
+            Some(metrics) => crate::policy::reporter::TracingReporter::new(metrics.clone()),
+            None => crate::policy::reporter::TracingReporter::default(),
+        }
+    }
+
     /// Creates the metrics and registers them in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();

@@ -191,7 +191,11 @@ where
         namespace = %spec.scale_set.namespace,
         scale_set_id = spec.scale_set_id,
     );
-    let status = status::Reporting::new(status, spec.scale_set.name.clone());
+    let status = status::Reporting::new(
+        status,
+        spec.scale_set.name.clone(),
+        spec.metrics.policy_reporter(),
+    );
     let run = task::Run {
         client,
         loader,

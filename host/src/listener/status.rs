@@ -161,14 +161,21 @@ pub(crate) struct Reporting<S> {
     sink: S,
     tracker: Mutex<StatusTracker>,
     scale_set: String,
+    /// The log line and the failure metric, as for every policy kind.
+    policy: crate::policy::reporter::TracingReporter,
 }
 
 impl<S: StatusSink> Reporting<S> {
-    pub(crate) fn new(sink: S, scale_set: String) -> Arc<Self> {
+    pub(crate) fn new(
+        sink: S,
+        scale_set: String,
+        policy: crate::policy::reporter::TracingReporter,
+    ) -> Arc<Self> {
         Arc::new(Self {
             sink,
             tracker: Mutex::new(StatusTracker::default()),
             scale_set,
+            policy,
         })
     }
 
@@ -217,7 +224,7 @@ impl<S: StatusSink> PolicyReporter for Reporting<S> {
             return;
         }
         // The log line and the failure metric stay the policy layer's.
-        crate::policy::reporter::TracingReporter::default().report(kind, policy, event.clone());
+        self.policy.report(kind, policy, event.clone());
         self.send(|t| t.policy(policy, event));
     }
 }
@@ -280,6 +287,38 @@ mod tests {
         for (i, (d, news)) in steps.into_iter().enumerate() {
             assert_eq!(tracker.decision(d).is_some(), news, "step {i}");
         }
+    }
+
+    /// A scaling policy's failure is counted where every policy kind's is,
+    /// so `arcwright_policy_failures_total` (and the alert on it) sees the
+    /// scaling policies too, not only the log.
+    #[test]
+    fn a_scaling_policy_failure_is_counted_in_the_policy_metrics() {
+        use crate::listener::{ListenerMetrics, MemoryStatusSink};
+        use crate::policy::metrics::{FailureLabels, PolicyMetrics};
+        let policy = PolicyMetrics::default();
+        let metrics = ListenerMetrics::default().with_policy_metrics(policy.clone());
+        let sink = MemoryStatusSink::new();
+        let reporting = Reporting::new(sink.clone(), "linux".into(), metrics.policy_reporter());
+        reporting.report(
+            PolicyKind::Scaling,
+            "configmap:ci/mine",
+            PolicyEvent::Fallback {
+                reason: "trap".into(),
+                message: "unreachable executed".into(),
+                fallback: "builtin:default".into(),
+            },
+        );
+        let counted = policy
+            .failures
+            .get_or_create(&FailureLabels {
+                kind: "scaling".into(),
+                policy: "configmap:ci/mine".into(),
+                reason: "trap".into(),
+            })
+            .get();
+        assert_eq!(counted, 1);
+        assert_eq!(sink.updates().all().len(), 1, "and the status hears of it");
     }
 
     #[test]

@@ -372,7 +372,9 @@ impl Shared {
             clients: ActionsClients::new(client.clone(), actions.clone()),
             controllers: metrics.register(ControllerMetrics::register),
             unregistration: metrics.register(UnregistrationMetrics::register),
-            listeners: metrics.register(ListenerMetrics::register),
+            listeners: metrics
+                .register(ListenerMetrics::register)
+                .with_policy_metrics(policy_metrics.clone()),
             runner_sets: metrics.register(SetMetrics::register),
             owner: std::env::var("HOSTNAME")
                 .ok()
