@@ -208,8 +208,8 @@ fn test(engine: &PolicyEngine, module: &str, suites: &[PathBuf]) -> anyhow::Resu
             }
         };
         println!("{}", path.display());
-        let outcomes =
-            suite::run(&module, &suite).with_context(|| format!("in {}", path.display()))?;
+        let outcomes = suite::run(&module, &suite, CallLimits::default())
+            .with_context(|| format!("in {}", path.display()))?;
         for outcome in outcomes {
             match &outcome.failure {
                 None => {

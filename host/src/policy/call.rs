@@ -177,12 +177,16 @@ impl Policy {
 
     /// A policy with no settings whose `validate-settings` has not run: the
     /// suites call `validate-settings` only for cases that give settings.
-    pub(crate) fn unvalidated(module: Arc<PolicyModule>, label: impl Into<String>) -> Self {
+    pub(crate) fn unvalidated(
+        module: Arc<PolicyModule>,
+        label: impl Into<String>,
+        limits: CallLimits,
+    ) -> Self {
         Self {
             module,
             label: label.into(),
             settings: String::new(),
-            limits: CallLimits::default(),
+            limits,
         }
     }
 

@@ -86,7 +86,7 @@ pub mod types;
 
 use std::fmt;
 
-pub use call::{CallLimits, Policy};
+pub use call::{CallLimits, DEFAULT_DEADLINE, DEFAULT_MEMORY_LIMIT, MAX_DEADLINE, Policy};
 pub use decide::{Decided, Decider};
 pub use engine::{EngineConfig, PolicyEngine};
 pub use error::PolicyError;

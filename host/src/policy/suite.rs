@@ -205,8 +205,14 @@ impl CaseOutcome {
     }
 }
 
-/// Runs every case of `suite` against `module`, each in fresh instances.
-pub fn run(module: &Arc<PolicyModule>, suite: &Suite) -> Result<Vec<CaseOutcome>, SuiteError> {
+/// Runs every case of `suite` against `module`, each in fresh instances,
+/// within `limits` (`arcwright policy test` gives production's, so a policy
+/// that passes also fits the deadline it will run under).
+pub fn run(
+    module: &Arc<PolicyModule>,
+    suite: &Suite,
+    limits: CallLimits,
+) -> Result<Vec<CaseOutcome>, SuiteError> {
     if suite.kind != module.kind() {
         return Err(SuiteError::KindMismatch {
             suite: suite.kind,
@@ -218,21 +224,21 @@ pub fn run(module: &Arc<PolicyModule>, suite: &Suite) -> Result<Vec<CaseOutcome>
         .iter()
         .map(|case| CaseOutcome {
             name: case.name.clone(),
-            failure: run_case(module, suite.kind, case).err(),
+            failure: run_case(module, suite.kind, case, limits).err(),
         })
         .collect())
 }
 
-fn run_case(module: &Arc<PolicyModule>, kind: PolicyKind, case: &Case) -> Result<(), String> {
+fn run_case(
+    module: &Arc<PolicyModule>,
+    kind: PolicyKind,
+    case: &Case,
+    limits: CallLimits,
+) -> Result<(), String> {
     let label = "suite";
     let policy = match (&case.settings, &case.expect_settings_error) {
         (settings, Some(expected)) => {
-            match Policy::new(
-                Arc::clone(module),
-                label,
-                settings.as_ref(),
-                CallLimits::default(),
-            ) {
+            match Policy::new(Arc::clone(module), label, settings.as_ref(), limits) {
                 Ok(_) => {
                     return Err(format!(
                         "the settings were accepted; expected an error containing {expected:?}"
@@ -251,14 +257,9 @@ fn run_case(module: &Arc<PolicyModule>, kind: PolicyKind, case: &Case) -> Result
                 Err(other) => return Err(format!("validating the settings failed: {other}")),
             }
         }
-        (Some(settings), None) => Policy::new(
-            Arc::clone(module),
-            label,
-            Some(settings),
-            CallLimits::default(),
-        )
-        .map_err(|e| format!("validating the settings failed: {e}"))?,
-        (None, None) => Policy::unvalidated(Arc::clone(module), label),
+        (Some(settings), None) => Policy::new(Arc::clone(module), label, Some(settings), limits)
+            .map_err(|e| format!("validating the settings failed: {e}"))?,
+        (None, None) => Policy::unvalidated(Arc::clone(module), label, limits),
     };
     let input = case.input.as_ref().ok_or("the case has no input")?;
     let result = policy.decide_json(input);
