@@ -1,7 +1,12 @@
 //! `ActionsClient`: the HTTP half of the Actions protocol.
+//!
+//! Here: the client's options, the HTTP client, one call's attempts and
+//! retries ([`ActionsClient::execute`]) and the endpoints. How the admin
+//! token every service call needs is obtained, shared and renewed is in
+//! `admin_token`.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::header::{
@@ -12,13 +17,9 @@ use jiff::Timestamp;
 use reqwest::Method;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::{oneshot, watch};
 use url::Url;
 
-use super::auth::{
-    AdminToken, Credentials, RegistrationResponse, Secret, TokenPlan, TokenResponse, jwt_expiry,
-    plan_admin_token,
-};
+use super::auth::{Credentials, Secret};
 use super::error::{classify_response, strip_bom};
 use super::retry::{History, Next, Outcome, RetryPolicy, next_step};
 use super::session::MessageSession;
@@ -27,6 +28,10 @@ use super::types::{
     RunnerScaleSet, RunnerScaleSetSession,
 };
 use super::{ActionsError, ActionsMetrics, ConfigUrl, Operation};
+
+mod admin_token;
+
+use admin_token::AdminSlot;
 
 /// The Actions service API version every service call is made with.
 pub const API_VERSION: &str = "6.0-preview";
@@ -205,31 +210,6 @@ struct Inner {
     /// across an await: a call takes the token or a ticket for the
     /// bootstrap's result, and lets go.
     admin: Mutex<AdminSlot>,
-}
-
-/// The result of one bootstrap as the calls that joined it see it: the
-/// token, or the error's text (an error cannot be cloned; the call that
-/// started the bootstrap gets the error itself).
-type SharedBootstrap = Result<Arc<AdminToken>, String>;
-
-/// The admin token and the bootstrap under way.
-///
-/// One bootstrap at a time: a burst of calls that find no usable token
-/// joins the bootstrap under way and shares its outcome, failure included.
-/// With a thousand listeners waiting on a GitHub outage, the alternative is
-/// a thousand bootstraps, each with its full retry schedule. Calls that
-/// arrive after a failure start a new one.
-///
-/// A call that finds a usable token never waits: inside the renewal window
-/// it starts the renewal in the background and goes on with the token it
-/// has ([`plan_admin_token`]).
-#[derive(Default)]
-struct AdminSlot {
-    token: Option<Arc<AdminToken>>,
-    /// The bootstrap under way, if any: its result is published here.
-    flight: Option<watch::Receiver<Option<SharedBootstrap>>>,
-    /// When the last background renewal started.
-    last_background_renewal: Option<Timestamp>,
 }
 
 impl fmt::Debug for ActionsClient {
@@ -626,215 +606,6 @@ impl ActionsClient {
         }
     }
 
-    fn admin_slot(&self) -> MutexGuard<'_, AdminSlot> {
-        self.inner
-            .admin
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The current admin token. A call that finds none it may use waits for
-    /// a bootstrap (one at a time, shared); a call that finds one in the
-    /// renewal window uses it and starts the renewal in the background.
-    pub(crate) async fn admin_token(&self) -> Result<Arc<AdminToken>, ActionsError> {
-        let (mut shared, started) = {
-            let mut slot = self.admin_slot();
-            let plan = plan_admin_token(
-                slot.token.as_deref(),
-                Timestamp::now(),
-                slot.last_background_renewal,
-            );
-            match (plan, slot.token.clone()) {
-                (TokenPlan::Use, Some(token)) => return Ok(token),
-                (TokenPlan::UseAndRenew, Some(token)) => {
-                    if slot.flight.is_none() {
-                        slot.last_background_renewal = Some(Timestamp::now());
-                        self.start_bootstrap(&mut slot, None);
-                    }
-                    return Ok(token);
-                }
-                _ => match &slot.flight {
-                    Some(flight) => (flight.clone(), None),
-                    None => {
-                        let (tx, rx) = oneshot::channel();
-                        (self.start_bootstrap(&mut slot, Some(tx)), Some(rx))
-                    }
-                },
-            }
-        };
-        if let Some(own) = started
-            && let Ok(result) = own.await
-        {
-            return result;
-        }
-        match shared.wait_for(Option::is_some).await.as_deref() {
-            Ok(Some(Ok(token))) => Ok(token.clone()),
-            Ok(Some(Err(reason))) => Err(ActionsError::BootstrapFailed {
-                reason: reason.clone(),
-            }),
-            Ok(None) | Err(_) => Err(ActionsError::BootstrapFailed {
-                reason: "the bootstrap was abandoned".into(),
-            }),
-        }
-    }
-
-    /// Starts a bootstrap as a task of its own, so that it completes (and
-    /// the calls that joined it hear how it went) even if the call that
-    /// started it is cancelled, and so that a renewal can run behind calls
-    /// that do not wait for it. `starter` gets the bootstrap's own error.
-    fn start_bootstrap(
-        &self,
-        slot: &mut AdminSlot,
-        starter: Option<oneshot::Sender<Result<Arc<AdminToken>, ActionsError>>>,
-    ) -> watch::Receiver<Option<SharedBootstrap>> {
-        let (publish, flight) = watch::channel(None);
-        slot.flight = Some(flight.clone());
-        let client = self.clone();
-        tokio::spawn(async move {
-            let result = client.bootstrap().await.map(Arc::new);
-            let shared = match &result {
-                Ok(token) => Ok(token.clone()),
-                Err(error) => Err(error.to_string()),
-            };
-            {
-                let mut slot = client.admin_slot();
-                slot.flight = None;
-                if let Ok(token) = &shared {
-                    slot.token = Some(token.clone());
-                }
-            }
-            publish.send_replace(Some(shared));
-            match (starter, result) {
-                (Some(starter), result) => {
-                    let _ = starter.send(result);
-                }
-                (None, Err(error)) => tracing::warn!(
-                    error = %error,
-                    "renewing the Actions service admin token failed; the current token serves until it expires"
-                ),
-                (None, Ok(_)) => {}
-            }
-        });
-        flight
-    }
-
-    /// Forgets an admin token the service rejected, unless another call has
-    /// already replaced it.
-    fn forget_admin_token(&self, rejected: &Arc<AdminToken>) {
-        let mut slot = self.admin_slot();
-        if slot
-            .token
-            .as_ref()
-            .is_some_and(|t| Arc::ptr_eq(t, rejected))
-        {
-            slot.token = None;
-        }
-    }
-
-    /// The three-step bootstrap: GitHub token, registration token, admin
-    /// token.
-    async fn bootstrap(&self) -> Result<AdminToken, ActionsError> {
-        let api = self.inner.config_url.api_base();
-        let timeout = self.inner.options.timeout;
-        let github_token = match &self.inner.credentials {
-            Credentials::Token(token) => token.clone(),
-            Credentials::App(app) => {
-                let jwt = app.jwt(Timestamp::now())?;
-                let url = join(
-                    api,
-                    &format!("app/installations/{}/access_tokens", app.installation_id()),
-                    Operation::InstallationToken,
-                )?;
-                let response = self
-                    .execute(
-                        Call {
-                            operation: Operation::InstallationToken,
-                            method: Method::POST,
-                            url,
-                            auth: Auth::Bearer(&jwt),
-                            content_type: "application/vnd.github+json",
-                            accept: Some("application/vnd.github+json"),
-                            headers: Vec::new(),
-                            body: None,
-                            timeout,
-                        },
-                        &[&jwt],
-                    )
-                    .await?;
-                response
-                    .json::<TokenResponse>(Operation::InstallationToken)?
-                    .token
-            }
-        };
-
-        let url = join(
-            api,
-            &self.inner.config_url.registration_token_path(),
-            Operation::RegistrationToken,
-        )?;
-        let response = self
-            .execute(
-                Call {
-                    operation: Operation::RegistrationToken,
-                    method: Method::POST,
-                    url,
-                    auth: Auth::Bearer(&github_token),
-                    content_type: "application/vnd.github.v3+json",
-                    accept: Some("application/vnd.github+json"),
-                    headers: Vec::new(),
-                    body: None,
-                    timeout,
-                },
-                &[&github_token],
-            )
-            .await?;
-        let registration_token = response
-            .json::<TokenResponse>(Operation::RegistrationToken)?
-            .token;
-
-        let url = join(
-            api,
-            "actions/runner-registration",
-            Operation::RunnerRegistration,
-        )?;
-        let body = serde_json::json!({
-            "url": self.inner.config_url.url().as_str(),
-            "runner_event": "register",
-        });
-        let response = self
-            .execute(
-                Call {
-                    operation: Operation::RunnerRegistration,
-                    method: Method::POST,
-                    url,
-                    auth: Auth::RemoteAuth(&registration_token),
-                    content_type: "application/json",
-                    accept: Some("application/json"),
-                    headers: Vec::new(),
-                    body: Some(body.to_string().into_bytes()),
-                    timeout,
-                },
-                &[&registration_token, &github_token],
-            )
-            .await?;
-        let registration: RegistrationResponse = response.json(Operation::RunnerRegistration)?;
-        let mut service_url = Url::parse(&registration.url).map_err(|e| ActionsError::Decode {
-            operation: Operation::RunnerRegistration,
-            reason: format!("the Actions service URL is invalid: {e}"),
-        })?;
-        if !service_url.path().ends_with('/') {
-            let path = format!("{}/", service_url.path());
-            service_url.set_path(&path);
-        }
-        let expires_at = jwt_expiry(registration.token.expose())?;
-        tracing::debug!(service = %service_url, expires_at = %expires_at, "obtained Actions service admin token");
-        Ok(AdminToken {
-            service_url,
-            token: registration.token,
-            expires_at,
-        })
-    }
-
     /// Calls the Actions service with the admin token. A 401 means the token
     /// was revoked or expired early: it is dropped, the bootstrap redone, and
     /// the call made once more.
@@ -1210,115 +981,4 @@ fn at_most_one<T>(operation: Operation, list: ListResponse<T>) -> Result<Option<
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn api_version_is_added_once() {
-        let url = with_api_version(Url::parse("https://s.example/t/_apis/x?name=a").unwrap());
-        assert_eq!(
-            url.as_str(),
-            "https://s.example/t/_apis/x?name=a&api-version=6.0-preview"
-        );
-        let url = with_api_version(Url::parse("https://s.example/x?api-version=7.0").unwrap());
-        assert_eq!(url.as_str(), "https://s.example/x?api-version=7.0");
-    }
-
-    #[test]
-    fn user_agent_is_json_with_kind_scaleset() {
-        let info = SystemInfo {
-            system: "arcwright".into(),
-            version: "1.2.3".into(),
-            commit_sha: "abc".into(),
-            scale_set_id: 42,
-            subsystem: "listener".into(),
-        };
-        let agent: serde_json::Value = serde_json::from_str(&info.user_agent()).unwrap();
-        assert_eq!(
-            agent,
-            serde_json::json!({"system":"arcwright","version":"1.2.3","commit_sha":"abc","scale_set_id":42,
-                "subsystem":"listener","build_version":"1.2.3","build_commit_sha":"abc","kind":"scaleset"})
-        );
-    }
-
-    #[test]
-    fn names_are_percent_encoded() {
-        assert_eq!(encode("my set/å&x"), "my%20set%2F%C3%A5%26x");
-    }
-
-    #[test]
-    fn decode_errors_of_secret_responses_do_not_quote_the_body() {
-        let response = Response {
-            status: 200,
-            body: br#"{"runner":"jit-secret-value","encodedJITConfig":"x"}"#.to_vec(),
-        };
-        let err = response
-            .json::<JitConfig>(Operation::GenerateJitConfig)
-            .expect_err("runner is not an object");
-        assert!(!err.to_string().contains("jit-secret-value"), "{err}");
-        assert!(err.to_string().contains("line 1"), "{err}");
-        let err = response
-            .json::<JitConfig>(Operation::GetRunner)
-            .expect_err("same body");
-        assert!(err.to_string().contains("jit-secret-value"), "{err}");
-    }
-
-    #[test]
-    fn echoed_secrets_are_scrubbed() {
-        let token = Secret::new("ghs_supersecret");
-        let out = scrub(br#"{"message":"token ghs_supersecret is bad"}"#, &[&token]);
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            r#"{"message":"token [redacted] is bad"}"#
-        );
-    }
-
-    #[test]
-    fn custom_ca_bundle_is_validated() {
-        let options = ClientOptions {
-            root_ca_pem: Some("not a certificate".into()),
-            ..Default::default()
-        };
-        let err = build_http(&options).expect_err("no certificate");
-        assert!(matches!(err, ActionsError::ClientSetup(_)), "{err}");
-
-        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-        let options = ClientOptions {
-            root_ca_pem: Some(cert.cert.pem()),
-            ..Default::default()
-        };
-        build_http(&options).expect("a valid CA is accepted");
-    }
-
-    #[test]
-    fn proxy_settings_are_applied_and_never_shown() {
-        let proxy = ProxyConfig {
-            http: Some("http://proxy.example:3128".into()),
-            https: Some("http://user:inline-pass@proxy.example:3128".into()),
-            no_proxy: vec!["10.0.0.0/8".into(), ".internal".into()],
-            username: Some("proxy-user".into()),
-            password: Some(Secret::new("proxy-pass")),
-        };
-        let shown = format!("{proxy:?}");
-        assert!(
-            !shown.contains("proxy-pass") && !shown.contains("inline-pass"),
-            "{shown}"
-        );
-        build_http(&ClientOptions {
-            proxy: Some(proxy),
-            ..Default::default()
-        })
-        .expect("proxy accepted");
-
-        let bad = ProxyConfig {
-            http: Some("::not a url::".into()),
-            ..Default::default()
-        };
-        let err = build_http(&ClientOptions {
-            proxy: Some(bad),
-            ..Default::default()
-        })
-        .expect_err("bad proxy");
-        assert!(matches!(err, ActionsError::ClientSetup(_)));
-    }
-}
+mod tests;
