@@ -4,7 +4,11 @@
 //! eval`, `configmap`), so logs never go there. `arcwright run` chooses the
 //! format and the level from its flags ([`LogOptions`]); the policy author's
 //! commands keep the quiet default (warnings, or `RUST_LOG`), because their
-//! output is what the user reads.
+//! output is what the user reads. Text lines are coloured only when stderr
+//! is a terminal: in a file, a pipe or `kubectl logs`, ANSI escapes are
+//! noise around every timestamp and level.
+
+use std::io::IsTerminal;
 
 use clap::{Args, ValueEnum};
 use tracing_subscriber::EnvFilter;
@@ -63,9 +67,30 @@ pub fn init(options: Option<&LogOptions>) {
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(coloured(format, std::io::stderr().is_terminal()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+/// Whether log lines carry ANSI colour: text lines written to a terminal,
+/// nothing else (a JSON line is read by a machine; a file or a pipe is read
+/// by someone who did not ask for escape codes).
+fn coloured(format: LogFormat, terminal: bool) -> bool {
+    format == LogFormat::Text && terminal
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_text_on_a_terminal_is_coloured() {
+        assert!(coloured(LogFormat::Text, true));
+        assert!(!coloured(LogFormat::Text, false), "a file or a pipe");
+        assert!(!coloured(LogFormat::Json, true));
+        assert!(!coloured(LogFormat::Json, false));
     }
 }
