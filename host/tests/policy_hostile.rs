@@ -480,16 +480,17 @@ fn settings_are_validated_before_use() {
     .unwrap_err();
     assert!(matches!(err, PolicyError::SettingsRejected(_)), "{err}");
     assert!(err.to_string().contains("`idle`"), "{err}");
+    // Settings that pass are the ones it decides with: min 1 + 3 assigned
+    // + 2 idle.
     let settings = serde_json::json!({ "idle": 2 });
-    assert!(
-        Policy::new(
-            buffered,
-            "builtin:buffered",
-            Some(&settings),
-            CallLimits::default()
-        )
-        .is_ok()
-    );
+    let policy = Policy::new(
+        buffered,
+        "builtin:buffered",
+        Some(&settings),
+        CallLimits::default(),
+    )
+    .expect("idle 2 is accepted");
+    assert_eq!(policy.scaling(&input()).unwrap().desired, 6);
     let limits = CallLimits {
         memory: 1024,
         ..CallLimits::default()

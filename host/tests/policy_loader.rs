@@ -156,6 +156,8 @@ async fn configmap_versions_are_swapped_in_and_bad_ones_are_kept_out() {
         reporter.events()
     );
     assert_eq!(decider.current().module().sha256(), digest(cooldown));
+    let cooldown_decided = decider.scaling(ScalingInput::default()).await.unwrap();
+    assert_eq!(cooldown_decided.policy, label);
 
     // Update to a bad version: refused, the last good one stays.
     replace(&api, "scaler", b"\0asm\x0d\0\x01\0 but then garbage").await;
@@ -210,7 +212,12 @@ async fn configmap_versions_are_swapped_in_and_bad_ones_are_kept_out() {
         .unwrap();
     expect_events(&reporter, 1, load_failed("configmap-missing")).await;
     assert_eq!(decider.current().module().sha256(), digest(cooldown));
-    assert!(decider.scaling(ScalingInput::default()).await.is_ok());
+    let decided = decider.scaling(ScalingInput::default()).await.unwrap();
+    assert_eq!(
+        (decided.policy, decided.fallback_reason, decided.decision),
+        (label, None, cooldown_decided.decision),
+        "the ConfigMap's last good version answers, not the default"
+    );
 }
 
 #[tokio::test]
