@@ -18,6 +18,7 @@ use arcwright::policy::bundled;
 use arcwright::policy::loader::{ConfigMapPolicyRef, PolicyLoader, PolicyRef};
 use arcwright::policy::types::ScaleSet;
 use arcwright::policy::{EngineConfig, PolicyEngine, PolicyEvent, PolicyKind};
+use arcwright_harness::eventually;
 use fake_actions::{Endpoint, FakeActions, FakeConfig, Fault, FaultKind, JobSpec, RunnerJob};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -470,12 +471,7 @@ async fn a_decision_goes_out_before_the_job_records_of_its_message() {
         .await
         .unwrap_or_else(|s| panic!("the job did not run: {:?}", s.jobs));
     let first_record = || sink.seen.lock().unwrap().first().copied();
-    for _ in 0..300 {
-        if first_record().is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let seen = eventually("the job is recorded", WAIT, || async { first_record() }).await;
     let patches = sink.target.patches().all();
     // The job's assignment asked for its runner; the next message (its
     // start, perhaps with its end) is a job event, so it is decided again,
@@ -484,7 +480,6 @@ async fn a_decision_goes_out_before_the_job_records_of_its_message() {
         .iter()
         .position(|p| p.replicas == 1)
         .unwrap_or_else(|| panic!("no decision asked for a runner: {patches:?}"));
-    let seen = first_record().expect("the job was never recorded");
     assert_eq!(
         seen,
         assigned + 2,

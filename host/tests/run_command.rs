@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use arcwright_harness::TestEnv;
+use arcwright_harness::{TestEnv, eventually, eventually_explained};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
@@ -132,19 +132,21 @@ async fn run_becomes_ready_serves_policy_metrics_and_exits_cleanly_on_sigterm() 
     // Ready once the API server answered, the bundled policies compiled and
     // every controller listed its objects.
     log_line(&mut lines, "bundled policies compiled").await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let response = http.get(format!("{base}/readyz")).send().await.unwrap();
-        if response.status() == 200 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "/readyz still says {:?}",
-            response.text().await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let not_ready = std::sync::Mutex::new(String::new());
+    eventually_explained(
+        "/readyz says ready",
+        Duration::from_secs(60),
+        || async {
+            let response = http.get(format!("{base}/readyz")).send().await.unwrap();
+            if response.status() == 200 {
+                return Some(());
+            }
+            *not_ready.lock().unwrap() = response.text().await.unwrap_or_default();
+            None
+        },
+        || format!("/readyz still says {:?}", not_ready.lock().unwrap()),
+    )
+    .await;
 
     let text = http
         .get(format!("{base}/metrics"))
@@ -289,6 +291,12 @@ async fn run_refuses_a_default_policy_it_cannot_use() {
         !stderr.contains("after shutdown began"),
         "components were abandoned: {stderr}"
     );
+    // Text log lines into a pipe, not a terminal: no colour codes.
+    assert!(stderr.contains(" INFO "), "text log lines: {stderr}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "ANSI escapes in a pipe: {stderr}"
+    );
 }
 
 #[tokio::test]
@@ -361,17 +369,21 @@ async fn a_standby_takes_over_from_a_killed_leader() {
             .and_then(|lease| lease.spec?.holder_identity)
             .unwrap_or_default()
     };
-    let until = |what: &'static str| {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-        move || assert!(tokio::time::Instant::now() < deadline, "never: {what}")
+    let leads = |host: &'static str| {
+        eventually(
+            format!("{host} holds the Lease"),
+            Duration::from_secs(120),
+            move || async move {
+                holder()
+                    .await
+                    .starts_with(&format!("{host}-"))
+                    .then_some(())
+            },
+        )
     };
 
     let (mut leader, _leader_lines) = start_as("host-a", &args);
-    let in_time = until("host-a leads");
-    while !holder().await.starts_with("host-a-") {
-        in_time();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    leads("host-a").await;
     let (_standby, _standby_lines) = start_as("host-b", &args);
 
     let set: arcwright::api::AutoscalingRunnerSet = serde_json::from_value(serde_json::json!({
@@ -409,11 +421,7 @@ async fn a_standby_takes_over_from_a_killed_leader() {
     // The leader dies with its session, its Lease and jobs in flight.
     leader.start_kill().unwrap();
     leader.wait().await.unwrap();
-    let in_time = until("host-b takes the Lease");
-    while !holder().await.starts_with("host-b-") {
-        in_time();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    leads("host-b").await;
     // The new leader's listener meets the dead one's session (a conflict:
     // never two sessions), until the service lets it go, as the real one
     // does when nobody polls it; then the new leader listens.

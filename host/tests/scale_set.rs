@@ -19,7 +19,7 @@ use arcwright::credentials::ActionsClients;
 use arcwright::runtime::leader::Election;
 use arcwright::runtime::options::RunOptions;
 use arcwright::runtime::{Runtime, RuntimeError, Shared, wiring};
-use arcwright_harness::TestEnv;
+use arcwright_harness::{TestEnv, eventually_explained};
 use clap::Parser;
 use fake_actions::{Endpoint, FakeActions, FakeConfig, JobSpec, Ledger};
 use futures::StreamExt;
@@ -248,23 +248,13 @@ impl World {
         .await;
     }
 
-    /// Polls `probe` until it answers.
-    async fn until<T, Fut>(&self, what: &str, mut probe: impl FnMut() -> Fut) -> T
+    /// Polls `probe` until it answers, naming the fake's ledger if it
+    /// never does.
+    async fn until<T, Fut>(&self, what: &str, probe: impl FnMut() -> Fut) -> T
     where
         Fut: std::future::Future<Output = Option<T>>,
     {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            if let Some(found) = probe().await {
-                return found;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "never: {what}\nledger: {:?}",
-                self.ledger()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually_explained(what, WAIT, probe, || format!("ledger: {:?}", self.ledger())).await
     }
 
     async fn set_until(

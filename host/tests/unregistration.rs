@@ -11,6 +11,7 @@ use std::time::Duration;
 use arcwright::unregistration::{
     Finished, PoolConfig, Removal, Remover, UnregistrationKey, UnregistrationPool,
 };
+use arcwright_harness::eventually;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -154,15 +155,6 @@ async fn next<T>(rx: &mut mpsc::UnboundedReceiver<T>, what: &str) -> T {
         .unwrap_or_else(|| panic!("the {what} channel closed"))
 }
 
-/// Waits (in virtual time) until `done` holds.
-async fn until(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
 /// Lets freshly spawned workers find the queue empty and park.
 async fn let_workers_park() {
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -232,9 +224,13 @@ async fn job_still_running_is_retried_after_the_delay_and_keeps_its_claim() {
     let _run = start(&pool);
     assert!(pool.push(key(7), ()));
     next(&mut calls, "call").await;
-    until("the refused request to wait out its delay", || {
-        pool.depth() == 1 && pool.in_flight() == 0
-    })
+    // The refused request waits out its 30 s delay queued; polling every
+    // 50 ms of virtual time sees it there long before the retry.
+    eventually(
+        "the refused request to wait out its delay",
+        PATIENCE,
+        || async { (pool.depth() == 1 && pool.in_flight() == 0).then_some(()) },
+    )
     .await;
     assert!(pool.is_claimed(&key(7)), "a retry keeps its claim");
     assert!(!pool.push(key(7), ()), "so a push beside it is dropped");

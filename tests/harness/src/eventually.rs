@@ -22,23 +22,38 @@ pub const POLL: Duration = Duration::from_millis(50);
 pub async fn eventually_explained<T, Fut>(
     what: impl Display,
     within: Duration,
-    mut probe: impl FnMut() -> Fut,
+    probe: impl FnMut() -> Fut,
     explain: impl Fn() -> String,
 ) -> T
+where
+    Fut: Future<Output = Option<T>>,
+{
+    match poll_within(within, probe).await {
+        Some(value) => value,
+        None => {
+            let context = explain();
+            if context.is_empty() {
+                panic!("never within {within:?}: {what}");
+            }
+            panic!("never within {within:?}: {what}\n{context}");
+        }
+    }
+}
+
+/// The polling under [`eventually`], for a caller that reports a timeout
+/// as an error rather than a failed test (the demo, which must tear its
+/// stack down): `probe`'s first value, or `None` once `within` has passed.
+pub async fn poll_within<T, Fut>(within: Duration, mut probe: impl FnMut() -> Fut) -> Option<T>
 where
     Fut: Future<Output = Option<T>>,
 {
     let deadline = tokio::time::Instant::now() + within;
     loop {
         if let Some(value) = probe().await {
-            return value;
+            return Some(value);
         }
         if tokio::time::Instant::now() >= deadline {
-            let context = explain();
-            if context.is_empty() {
-                panic!("never within {within:?}: {what}");
-            }
-            panic!("never within {within:?}: {what}\n{context}");
+            return None;
         }
         tokio::time::sleep(POLL).await;
     }
@@ -70,6 +85,14 @@ mod tests {
         .await;
         assert_eq!(found, "found");
         assert_eq!(asked.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gives_up_once_the_bound_has_passed() {
+        let started = tokio::time::Instant::now();
+        let found = poll_within(Duration::from_secs(1), || async { None::<()> }).await;
+        assert_eq!(found, None);
+        assert!(started.elapsed() >= Duration::from_secs(1));
     }
 
     #[tokio::test(start_paused = true)]

@@ -26,7 +26,7 @@ mod relay;
 
 pub use control_plane::ControlPlane;
 pub use env::{TestEnv, namespace_name, shared_control_plane};
-pub use eventually::{POLL, eventually, eventually_explained};
+pub use eventually::{POLL, eventually, eventually_explained, poll_within};
 pub use relay::TcpRelay;
 
 use std::path::PathBuf;

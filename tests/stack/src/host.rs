@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail};
+use arcwright_harness::poll_within;
 use arcwright_harness::process::{Supervised, tail};
 
 /// How the log line the binary prints once its HTTP endpoints listen
@@ -128,19 +129,19 @@ impl HostProcess {
         args.extend(extra.iter().cloned());
         let mut process = Supervised::start("arcwright", binary, &args, log.clone())
             .with_context(|| format!("starting {}", binary.display()))?;
-        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
-        let base = loop {
-            if let Some(address) =
-                serving_address(&std::fs::read_to_string(&log).unwrap_or_default())
-            {
-                break format!("http://{address}");
-            }
-            process.ensure_running().context("arcwright run")?;
-            if tokio::time::Instant::now() > deadline {
-                bail!("arcwright never served its endpoints:\n{}", tail(&log, 40));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        // Each look either finds the address, finds the process gone (an
+        // answer too: there is nothing left to wait for), or looks again.
+        let serving = poll_within(START_TIMEOUT, || {
+            let found = serving_address(&std::fs::read_to_string(&log).unwrap_or_default())
+                .map(|address| Ok(format!("http://{address}")))
+                .or_else(|| process.ensure_running().err().map(Err));
+            async move { found }
+        })
+        .await;
+        let Some(base) = serving else {
+            bail!("arcwright never served its endpoints:\n{}", tail(&log, 40));
         };
+        let base = base.context("arcwright run")?;
         Ok(HostProcess { process, base, log })
     }
 
@@ -149,18 +150,23 @@ impl HostProcess {
     pub async fn ready(&mut self) -> Result<()> {
         let http = reqwest::Client::new();
         let url = format!("{}/readyz", self.base);
-        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
-        loop {
-            if let Ok(response) = http.get(&url).send().await
-                && response.status() == 200
-            {
-                return Ok(());
+        let process = &mut self.process;
+        let ready = poll_within(START_TIMEOUT, || {
+            let exited = process.ensure_running().err();
+            let (http, url) = (&http, &url);
+            async move {
+                if let Ok(response) = http.get(url).send().await
+                    && response.status() == 200
+                {
+                    return Some(Ok(()));
+                }
+                exited.map(Err)
             }
-            self.process.ensure_running().context("arcwright run")?;
-            if tokio::time::Instant::now() > deadline {
-                bail!("arcwright never became ready:\n{}", self.log_tail(40));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        })
+        .await;
+        match ready {
+            Some(ready) => ready.context("arcwright run"),
+            None => bail!("arcwright never became ready:\n{}", self.log_tail(40)),
         }
     }
 

@@ -446,29 +446,27 @@ impl Stack {
             .enqueue_jobs(JobSpec::new(count, &[set]).lasting(duration))
     }
 
-    /// Polls `probe` every 100 ms until it answers, for at most [`WAIT`].
-    pub async fn until<T, Fut>(&self, what: &str, mut probe: impl FnMut() -> Fut) -> Result<T>
+    /// Polls `probe` until it answers, for at most [`WAIT`]; an error
+    /// naming what never happened, with the ledger and the host's log,
+    /// otherwise. The tests' [`arcwright_harness::eventually`] underneath,
+    /// returning the timeout rather than panicking, so the demo can report
+    /// it and tear its stack down.
+    pub async fn until<T, Fut>(&self, what: &str, probe: impl FnMut() -> Fut) -> Result<T>
     where
         Fut: std::future::Future<Output = Option<T>>,
     {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            if let Some(found) = probe().await {
-                return Ok(found);
-            }
-            if tokio::time::Instant::now() > deadline {
-                let host = self
-                    .host
-                    .as_ref()
-                    .map(|h| h.log_tail(30))
-                    .unwrap_or_default();
-                bail!(
-                    "never: {what}\nledger: {:?}\nhost log:\n{host}",
-                    self.fake.control().ledger()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Some(found) = arcwright_harness::poll_within(WAIT, probe).await {
+            return Ok(found);
         }
+        let host = self
+            .host
+            .as_ref()
+            .map(|h| h.log_tail(30))
+            .unwrap_or_default();
+        bail!(
+            "never: {what}\nledger: {:?}\nhost log:\n{host}",
+            self.fake.control().ledger()
+        );
     }
 
     /// Waits until the scale set satisfies `done`.
