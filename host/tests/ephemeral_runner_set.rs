@@ -13,11 +13,9 @@ use std::time::{Duration, Instant};
 use arcwright::api::{
     EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSet, EphemeralRunnerSetPhase,
     EphemeralRunnerSetSpec, EphemeralRunnerSetStatus, EphemeralRunnerSpec, EphemeralRunnerStatus,
+    annotations, finalizers, labels,
 };
-use arcwright::controllers::ephemeral_runner::FINALIZER as RUNNER_FINALIZER;
-use arcwright::controllers::ephemeral_runner_set::{
-    self as controller, Context, FINALIZER, SetMetrics, annotations, labels,
-};
+use arcwright::controllers::ephemeral_runner_set::{self as controller, Context, SetMetrics};
 use arcwright::controllers::kit::Synced;
 use arcwright_harness::TestEnv;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
@@ -30,6 +28,8 @@ use tokio_util::sync::CancellationToken;
 /// What a runner-controller finalizer looks like to the set: a deleted
 /// runner stays until the test lets it go.
 const HOLD: &str = "test.arcwright.dev/deregistration";
+/// The runner controller's finalizer, which every runner is born with.
+const RUNNER_FINALIZER: &str = finalizers::EPHEMERAL_RUNNER.name;
 const SET: &str = "linux";
 
 struct Harness {
@@ -199,7 +199,7 @@ impl Harness {
     async fn runners(&self) -> Vec<EphemeralRunner> {
         let mut runners = self
             .runners_api()
-            .list(&ListParams::default().labels(&format!("{}={SET}", labels::SET)))
+            .list(&ListParams::default().labels(&format!("{}={SET}", labels::EPHEMERAL_RUNNER_SET)))
             .await
             .unwrap()
             .items;
@@ -399,8 +399,8 @@ async fn scale_up_creates_the_runners_asked_for() {
     assert_eq!(status.observed_generation, set.metadata.generation);
     assert_eq!(status.applied_actionable_revision, 1);
     assert_eq!(status.phase, Some(EphemeralRunnerSetPhase::Running));
-    let finalizers = h.sets().get(SET).await.unwrap().finalizers().to_vec();
-    assert_eq!(finalizers, [FINALIZER]);
+    let held = h.sets().get(SET).await.unwrap().finalizers().to_vec();
+    assert_eq!(held, [finalizers::EPHEMERAL_RUNNER_SET.name]);
 
     // Registered and running, as the runner controller reports them.
     for name in names(&runners) {
@@ -408,6 +408,43 @@ async fn scale_up_creates_the_runners_asked_for() {
     }
     h.until_status("running counted", |s| s.running_ephemeral_runners == 3)
         .await;
+}
+
+/// A set finalized by an older version carries the finalizer under its
+/// former name: that counts as held (it is not added again) and is removed
+/// when the set's runners are gone, so the set is deleted, not stuck.
+#[tokio::test]
+async fn a_set_holding_the_finalizer_under_its_former_name_is_still_cleaned_up() {
+    const FORMER: &str = "ephemeralrunnerset.arcwright.dev/finalizer";
+    assert!(finalizers::EPHEMERAL_RUNNER_SET.formerly.contains(&FORMER));
+    let h = Harness::new("ers-former-finalizer").await;
+    let mut set = EphemeralRunnerSet::new(
+        SET,
+        EphemeralRunnerSetSpec {
+            replicas: 2,
+            actionable_revision: 1,
+            ephemeral_runner_spec: runner_spec("runner:1"),
+            ..EphemeralRunnerSetSpec::default()
+        },
+    );
+    set.metadata.finalizers = Some(vec![FORMER.to_owned()]);
+    h.sets().create(&PostParams::default(), &set).await.unwrap();
+    h.until_runners("the runners", |r| r.len() == 2).await;
+    h.until_status("a pass over the set", |s| s.current_replicas == 2)
+        .await;
+    let held = h.sets().get(SET).await.unwrap().finalizers().to_vec();
+    assert_eq!(
+        held,
+        [FORMER],
+        "held under its former name, not added again"
+    );
+
+    h.sets().delete(SET, &Default::default()).await.unwrap();
+    until("the set gone", || async {
+        h.sets().get_opt(SET).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    assert!(h.runners().await.is_empty());
 }
 
 #[tokio::test]

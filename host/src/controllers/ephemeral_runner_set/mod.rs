@@ -12,6 +12,7 @@
 //! generation. Those three annotations are what lets the plan tell a stale
 //! decision, a stale view and a stale spec apart.
 
+mod error;
 pub mod metrics;
 pub mod plan;
 pub mod reconcile;
@@ -22,48 +23,26 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt, TryStreamExt};
 use kube::api::Api;
 use kube::runtime::controller::{self, ReconcileReason, ReconcileRequest};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, applier, watcher};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{EphemeralRunner, EphemeralRunnerSet};
+use crate::api::{EphemeralRunner, EphemeralRunnerSet, labels};
 use crate::controllers::metrics::ControllerMetrics;
 
+pub use error::Error;
 pub use metrics::SetMetrics;
-pub use reconcile::Error;
 
-/// The finalizer the set holds until its runners are gone.
-pub const FINALIZER: &str = "ephemeralrunnerset.arcwright.dev/finalizer";
-/// The field manager of every write.
-pub const FIELD_MANAGER: &str = "arcwright-ephemeral-runner-set";
 /// The name events are reported under.
 pub const CONTROLLER_NAME: &str = "ephemeral-runner-set";
-
-/// Labels on the runners a set creates.
-pub mod labels {
-    /// The set a runner belongs to: how the set lists and watches them.
-    pub use crate::api::labels::EPHEMERAL_RUNNER_SET as SET;
-}
-
-/// Annotations on the runners a set creates.
-pub mod annotations {
-    /// The listener's patch id the runner was created under (ARC's
-    /// `actions.github.com/patch-id`).
-    pub const PATCH_ID: &str = "arcwright.dev/patch-id";
-    /// The `spec.actionableRevision` the runner was built from.
-    pub const REVISION: &str = "arcwright.dev/actionable-revision";
-    /// The set's `metadata.generation` the runner was built from.
-    pub const SET_GENERATION: &str = "arcwright.dev/set-generation";
-}
 
 /// What every reconcile shares.
 pub struct Context {
     /// The client.
     pub client: kube::Client,
     /// Where events go.
-    pub recorder: Recorder,
+    pub publisher: super::kit::Publisher,
     /// The metrics of the sets.
     pub metrics: SetMetrics,
     /// The metrics every controller reports (reconcile durations and
@@ -88,16 +67,9 @@ pub(crate) struct SetMemory {
 impl Context {
     /// A context reporting events as this controller.
     pub fn new(client: kube::Client, metrics: SetMetrics) -> Self {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: format!("arcwright-{CONTROLLER_NAME}"),
-                instance: None,
-            },
-        );
         Self {
+            publisher: super::kit::Publisher::new(client.clone(), CONTROLLER_NAME),
             client,
-            recorder,
             metrics,
             controller_metrics: ControllerMetrics::default(),
             memory: std::sync::Mutex::default(),
@@ -134,7 +106,11 @@ pub async fn run(
     );
     let own = controller::trigger_self(events.applied_objects(), ());
     let owned = owned_triggers(
-        watcher(runners, watcher::Config::default().labels(labels::SET)).default_backoff(),
+        watcher(
+            runners,
+            watcher::Config::default().labels(labels::EPHEMERAL_RUNNER_SET),
+        )
+        .default_backoff(),
         ctx.metrics.clone(),
         ctx.controller_metrics.clone(),
     );

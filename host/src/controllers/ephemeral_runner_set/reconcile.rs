@@ -8,64 +8,18 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::metrics::SetLabels;
 use super::plan::{self, Creation, DeleteReason, Plan, RunnerView, SetView};
-use super::{Context, FIELD_MANAGER, FINALIZER, SetMemory, annotations, labels};
+use super::{Context, Error, SetMemory};
+use crate::api::field_managers::EPHEMERAL_RUNNER_SET as FIELD_MANAGER;
 use crate::api::{
-    EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSet, EphemeralRunnerStatus, RunnerRenewal,
+    EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSet, EphemeralRunnerStatus,
+    RunnerRenewal, annotations, finalizers, labels,
 };
-
-/// Why a reconcile failed. Each variant names the step, so the message says
-/// what the controller was doing.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The set lacks a name, namespace or uid (never true of a stored object).
-    #[error("the EphemeralRunnerSet has no {0}")]
-    MissingMetadata(&'static str),
-    /// Listing the set's runners failed.
-    #[error("listing the runners: {0}")]
-    List(#[source] kube::Error),
-    /// Creating a runner failed.
-    #[error("creating a runner: {0}")]
-    Create(#[source] kube::Error),
-    /// Deleting a runner failed.
-    #[error("deleting runner {name}: {source}")]
-    Delete {
-        /// The runner.
-        name: String,
-        /// The error.
-        source: kube::Error,
-    },
-    /// Renewing a runner failed.
-    #[error("renewing runner {name}: {source}")]
-    Renew {
-        /// The runner.
-        name: String,
-        /// The error.
-        source: kube::Error,
-    },
-    /// Writing the set's finalizer or status failed.
-    #[error("updating the set: {0}")]
-    Update(#[source] kube::Error),
-}
-
-impl Error {
-    /// A stable label for logs and metrics.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Self::MissingMetadata(_) => "missing-metadata",
-            Self::List(_) => "list",
-            Self::Create(_) => "create",
-            Self::Delete { .. } => "delete",
-            Self::Renew { .. } => "renew",
-            Self::Update(_) => "update",
-        }
-    }
-}
+use crate::controllers::kit::{ErrorLabel, Notice, finalizer};
 
 /// Retries a failed reconcile soon: everything it does is idempotent.
 pub fn error_policy(set: Arc<EphemeralRunnerSet>, error: &Error, ctx: Arc<Context>) -> Action {
@@ -89,7 +43,7 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
 
     let runners_api: Api<EphemeralRunner> = Api::namespaced(ctx.client.clone(), &namespace);
     let runners: Vec<EphemeralRunner> = runners_api
-        .list(&ListParams::default().labels(&format!("{}={name}", labels::SET)))
+        .list(&ListParams::default().labels(&format!("{}={name}", labels::EPHEMERAL_RUNNER_SET)))
         .await
         .map_err(Error::List)?
         .items
@@ -126,9 +80,14 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
         ..PatchParams::default()
     };
     if plan.add_finalizer {
-        let mut finalizers = set.finalizers().to_vec();
-        finalizers.push(FINALIZER.into());
-        patch_finalizers(&sets_api, &set, finalizers, &params).await?;
+        finalizer::add(
+            &sets_api,
+            &set,
+            &finalizers::EPHEMERAL_RUNNER_SET,
+            FIELD_MANAGER,
+        )
+        .await
+        .map_err(Error::Update)?;
         return Ok(Action::requeue(Duration::ZERO));
     }
 
@@ -171,20 +130,16 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
             .map_err(Error::Update)?;
         remember(&ctx, &key, |m| m.status_written = Some(Instant::now()));
         if status.applied_actionable_revision != before.applied_actionable_revision {
-            event(
-                &ctx,
-                &set,
-                "RevisionApplied",
-                format!(
-                    "Runners of revisions before {} are cleaned up",
-                    status.applied_actionable_revision
-                ),
-            )
-            .await;
+            let note = format!(
+                "Runners of revisions before {} are cleaned up",
+                status.applied_actionable_revision
+            );
+            event(&ctx, &set, Notice::normal("RevisionApplied", note)).await;
         }
         if status.phase != before.phase {
             let phase = status.phase.map(|p| format!("{p:?}")).unwrap_or_default();
-            event(&ctx, &set, "PhaseChanged", format!("Phase is {phase}")).await;
+            let note = format!("Phase is {phase}");
+            event(&ctx, &set, Notice::normal("PhaseChanged", note)).await;
         }
         ctx.metrics
             .current
@@ -196,13 +151,14 @@ pub async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Resul
         .get_or_create(&set_labels)
         .set(i64::from(set.spec.replicas));
     if plan.remove_finalizer {
-        let finalizers = set
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .cloned()
-            .collect();
-        patch_finalizers(&sets_api, &set, finalizers, &params).await?;
+        finalizer::remove(
+            &sets_api,
+            &set,
+            &finalizers::EPHEMERAL_RUNNER_SET,
+            FIELD_MANAGER,
+        )
+        .await
+        .map_err(Error::Update)?;
         ctx.metrics.current.remove(&set_labels);
         ctx.metrics.desired.remove(&set_labels);
         ctx.memory
@@ -228,7 +184,7 @@ pub fn set_view(set: &EphemeralRunnerSet) -> SetView {
     SetView {
         generation: set.metadata.generation.unwrap_or_default(),
         deleting: set.metadata.deletion_timestamp.is_some(),
-        has_finalizer: set.finalizers().iter().any(|f| f == FINALIZER),
+        has_finalizer: finalizer::held(set, &finalizers::EPHEMERAL_RUNNER_SET),
         replicas: set.spec.replicas,
         patch_id: set.spec.patch_id,
         actionable_revision: set.spec.actionable_revision,
@@ -430,9 +386,9 @@ pub fn new_runner(set: &EphemeralRunnerSet, creation: Creation) -> EphemeralRunn
             .entry(key.clone())
             .or_insert_with(|| value.clone());
     }
-    runner_labels.insert(labels::SET.into(), name.clone());
-    runner_labels.insert(crate::api::labels::COMPONENT.into(), "runner".into());
-    runner_labels.insert(crate::api::labels::PART_OF.into(), "arcwright".into());
+    runner_labels.insert(labels::EPHEMERAL_RUNNER_SET.into(), name.clone());
+    runner_labels.insert(labels::COMPONENT.into(), "runner".into());
+    runner_labels.insert(labels::PART_OF.into(), labels::ARCWRIGHT.into());
     let mut runner_annotations = extra.annotations.unwrap_or_default();
     runner_annotations.insert(annotations::PATCH_ID.into(), creation.patch_id.to_string());
     runner_annotations.insert(annotations::REVISION.into(), creation.revision.to_string());
@@ -449,9 +405,7 @@ pub fn new_runner(set: &EphemeralRunnerSet, creation: Creation) -> EphemeralRunn
             // Born with the runner controller's finalizer: adding it after
             // creation is a write and a reconcile per runner, and nothing
             // the runner owns exists before its controller first sees it.
-            finalizers: Some(vec![
-                crate::controllers::ephemeral_runner::FINALIZER.to_owned(),
-            ]),
+            finalizers: Some(vec![finalizers::EPHEMERAL_RUNNER.name.to_owned()]),
             owner_references: Some(vec![OwnerReference {
                 api_version: EphemeralRunnerSet::api_version(&()).into(),
                 kind: EphemeralRunnerSet::kind(&()).into(),
@@ -519,26 +473,6 @@ async fn delete_runners(
     .map_or(Ok(()), Err)
 }
 
-async fn patch_finalizers(
-    api: &Api<EphemeralRunnerSet>,
-    set: &EphemeralRunnerSet,
-    finalizers: Vec<String>,
-    params: &PatchParams,
-) -> Result<(), Error> {
-    // The resourceVersion makes it a compare-and-swap: another writer's
-    // finalizer is never dropped by a list read before it was added.
-    let patch = json!({
-        "metadata": {
-            "finalizers": finalizers,
-            "resourceVersion": set.resource_version(),
-        }
-    });
-    api.patch(&set.name_any(), params, &Patch::Merge(patch))
-        .await
-        .map_err(Error::Update)?;
-    Ok(())
-}
-
 /// Events for the deletions off the everyday path. A finished runner
 /// deleted is every job's end: an event for it would be a write per job.
 async fn report_deletions(ctx: &Context, set: &EphemeralRunnerSet, plan: &Plan) {
@@ -555,30 +489,15 @@ async fn report_deletions(ctx: &Context, set: &EphemeralRunnerSet, plan: &Plan) 
             .map(|(n, _)| n.as_str())
             .collect();
         if !names.is_empty() {
-            event(
-                ctx,
-                set,
-                reason.as_str(),
-                format!("Deleted runner(s) {}", names.join(", ")),
-            )
-            .await;
+            let note = format!("Deleted runner(s) {}", names.join(", "));
+            event(ctx, set, Notice::normal(reason.as_str(), note)).await;
         }
     }
 }
 
-/// Publishes a Normal event on the set; a failure to publish is logged, not
-/// fatal, since the state it reports is in the status and the objects.
-async fn event(ctx: &Context, set: &EphemeralRunnerSet, reason: &str, note: String) {
-    let event = Event {
-        type_: EventType::Normal,
-        reason: reason.into(),
-        note: Some(note),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    if let Err(error) = ctx.recorder.publish(&event, &set.object_ref(&())).await {
-        tracing::debug!(%error, "event not published");
-    }
+/// Publishes `notice` on the set.
+async fn event(ctx: &Context, set: &EphemeralRunnerSet, notice: Notice) {
+    ctx.publisher.publish(&set.object_ref(&()), notice).await;
 }
 
 #[cfg(test)]
