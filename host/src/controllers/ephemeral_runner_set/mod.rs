@@ -1,35 +1,42 @@
 //! The EphemeralRunnerSet controller: keeps a scale set's runners at what the
 //! listener asks for, without ever taking a runner that has a job.
 //!
-//! Observe, plan, apply: [`reconcile`] reads the set and its runners (listed
+//! Observe, plan, apply: `observe` reads the set and its runners (listed
 //! from the API server, not a cache, so a runner just created is never
-//! missed and created twice), [`plan`] decides without I/O, and
-//! [`reconcile`] applies the plan with a field manager. [`watch`] decides
-//! which runner events wake a set.
+//! missed and created twice) and answers the plan's requests for more,
+//! [`plan`] decides without I/O, and `apply` carries the plan out, one API
+//! call per write. [`watch`] decides which runner events wake a set.
 //!
 //! Every runner records what it was built from: the listener's patch id
 //! (ARC's `patch-id` contract), the set's actionable revision, and the set's
 //! generation. Those three annotations are what lets the plan tell a stale
 //! decision, a stale view and a stale spec apart.
 
+mod apply;
 mod error;
 pub mod metrics;
+mod observe;
 pub mod plan;
-pub mod reconcile;
 pub mod watch;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt, TryStreamExt};
+use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::controller::{self, ReconcileReason, ReconcileRequest};
+use kube::runtime::controller::{self, Action, ReconcileReason, ReconcileRequest};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, applier, watcher};
 
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{EphemeralRunner, EphemeralRunnerSet, labels};
+use crate::controllers::kit::ErrorLabel;
 use crate::controllers::metrics::ControllerMetrics;
+use apply::Apply;
+use observe::Observed;
+use plan::{Need, Plan, RenewalStep, Tried, Written};
 
 pub use error::Error;
 pub use metrics::SetMetrics;
@@ -49,16 +56,16 @@ pub struct Context {
     /// errors); unregistered unless the process hands its own.
     pub controller_metrics: ControllerMetrics,
     /// What the controller remembers of each set between passes, by uid.
-    pub(crate) memory: std::sync::Mutex<std::collections::HashMap<String, SetMemory>>,
+    memory: std::sync::Mutex<std::collections::HashMap<String, SetMemory>>,
 }
 
 /// What the controller remembers of a set between passes. Nothing here is
 /// needed for correctness after a restart: each is a saving that starts
 /// over empty.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct SetMemory {
+struct SetMemory {
     /// When its status was last written (see [`plan::counts_deferred`]).
-    pub status_written: Option<std::time::Instant>,
+    pub status_written: Option<Instant>,
     /// The generation whose decision a pass applied (see
     /// [`plan::SetView::decision_applied`]).
     pub decided: Option<i64>,
@@ -75,6 +82,176 @@ impl Context {
             memory: std::sync::Mutex::default(),
         }
     }
+
+    /// What the controller remembers of the set whose uid is `uid`.
+    fn recall(&self, uid: &str) -> SetMemory {
+        self.memories().get(uid).copied().unwrap_or_default()
+    }
+
+    /// Changes what the controller remembers of the set whose uid is `uid`.
+    fn remember(&self, uid: &str, change: impl FnOnce(&mut SetMemory)) {
+        change(self.memories().entry(uid.to_owned()).or_default());
+    }
+
+    /// Forgets the set whose uid is `uid`: it is gone.
+    fn forget(&self, uid: &str) {
+        self.memories().remove(uid);
+    }
+
+    fn memories(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, SetMemory>> {
+        self.memory.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One pass: observe, plan, apply, in the plan's order: finalizer,
+/// deletions, renewals, creations, then the status, last.
+async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.controller_metrics.time(CONTROLLER_NAME);
+    let observed = observe::observe(&set, &ctx).await?;
+    let plan = plan::plan(&observed.set, &observed.views);
+    let apply = Apply::new(&ctx, &set);
+    if plan.add_finalizer {
+        apply.add_finalizer().await?;
+        return Ok(Action::requeue(Duration::ZERO));
+    }
+    delete_runners(&apply, &observed, &plan).await?;
+    for notice in plan.deletion_events.iter().cloned() {
+        apply.publish(notice).await;
+    }
+    // No event for renewals and creations: runners are created and renewed
+    // as jobs come and go, an event write per job for what the status
+    // counts say.
+    let not_renewed = renew_runners(&apply, &observed, &plan).await;
+    if let Some(creation) = plan.creation(not_renewed.count) {
+        for _ in 0..creation.count {
+            apply.create(creation).await?;
+        }
+    }
+    if let Some(error) = not_renewed.first {
+        return Err(error);
+    }
+    if let Some(generation) = plan.decided {
+        ctx.remember(&observed.uid, |m| m.decided = Some(generation));
+    }
+    if let Some(status) = &plan.status {
+        // Last: the applied revision it may carry must not be recorded
+        // before the cleanup it stands for went through.
+        apply.write_status(status).await?;
+        ctx.remember(&observed.uid, |m| m.status_written = Some(Instant::now()));
+        for notice in plan.status_events.iter().cloned() {
+            apply.publish(notice).await;
+        }
+        ctx.metrics
+            .current
+            .get_or_create(&observed.labels)
+            .set(i64::from(status.current_replicas));
+    }
+    ctx.metrics
+        .desired
+        .get_or_create(&observed.labels)
+        .set(i64::from(set.spec.replicas));
+    if plan.remove_finalizer {
+        apply.remove_finalizer().await?;
+        ctx.metrics.current.remove(&observed.labels);
+        ctx.metrics.desired.remove(&observed.labels);
+        ctx.forget(&observed.uid);
+        return Ok(Action::await_change());
+    }
+    Ok(Action::requeue(plan.requeue))
+}
+
+/// Deletes the runners the plan says, all of them even when one fails;
+/// then fails with the first failure (typically a conflict: the runner
+/// changed since the pass read it, and the next pass decides again).
+async fn delete_runners(apply: &Apply<'_>, observed: &Observed, plan: &Plan) -> Result<(), Error> {
+    let mut failures = Vec::new();
+    for (name, _) in &plan.delete {
+        let Some(runner) = observed.runner(name) else {
+            continue;
+        };
+        if let Err(error) = apply.delete(runner).await {
+            tracing::info!(%error, "runner not deleted; the next pass decides again");
+            failures.push(error);
+        }
+    }
+    failures.into_iter().next().map_or(Ok(()), Err)
+}
+
+/// The renewals of a pass that did not go through.
+#[derive(Debug, Default)]
+struct NotRenewed {
+    /// How many.
+    count: usize,
+    /// The error that ended the first of them, which fails the pass once
+    /// the creations made up for them.
+    first: Option<Error>,
+}
+
+/// Carries each renewal of the plan to its end, the plan deciding each
+/// next step ([`plan::renewal`]) and this reading the runner again when it
+/// asks.
+async fn renew_runners(apply: &Apply<'_>, observed: &Observed, plan: &Plan) -> NotRenewed {
+    let mut not_renewed = NotRenewed::default();
+    let Some(under) = plan.create else {
+        return not_renewed;
+    };
+    for name in &plan.renew {
+        let Some(mut runner) = observed.runner(name).cloned() else {
+            continue;
+        };
+        let mut tried = Vec::new();
+        let mut failure = None;
+        loop {
+            match plan::renewal(&tried) {
+                Ok(RenewalStep::Write) => {
+                    let result = apply.renew(&runner, under, observed.now).await;
+                    tried.push(Tried::Written(match &result {
+                        Ok(()) => Written::Renewed,
+                        Err(kube::Error::Api(e)) if e.code == 409 => Written::Changed,
+                        Err(_) => Written::Failed,
+                    }));
+                    failure = result.err().or(failure);
+                }
+                Ok(RenewalStep::Done { renewed: true }) => break,
+                Ok(RenewalStep::Done { renewed: false }) => {
+                    not_renewed.count += 1;
+                    // Every renewal given up ends on a write refused or
+                    // failed, or a read again after one: there is an error.
+                    if let Some(source) = failure {
+                        let error = Error::Renew {
+                            name: name.clone(),
+                            source,
+                        };
+                        tracing::info!(%error, "runner not renewed; a creation makes up for it");
+                        not_renewed.first.get_or_insert(error);
+                    }
+                    break;
+                }
+                Err(Need::Reread) => {
+                    let fresh = observe::reread(&apply.runners, name, observed).await;
+                    tried.push(Tried::Reread(match fresh {
+                        Ok(Some((fresh, view))) => {
+                            runner = fresh;
+                            Some(view)
+                        }
+                        Ok(None) => None,
+                        Err(error) => {
+                            failure = Some(error);
+                            None
+                        }
+                    }));
+                }
+            }
+        }
+    }
+    not_renewed
+}
+
+/// Retries a failed reconcile soon: everything it does is idempotent.
+fn error_policy(set: Arc<EphemeralRunnerSet>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(set = %set.name_any(), error = %error, kind = error.label(), "reconcile failed");
+    ctx.controller_metrics.error(CONTROLLER_NAME, error.label());
+    Action::requeue(Duration::from_secs(5))
 }
 
 /// Runs the controller over the sets of `namespace` (all namespaces when
@@ -117,8 +294,8 @@ pub async fn run(
     let queue = futures::stream::select(own.boxed(), owned.boxed())
         .take_until(shutdown.clone().cancelled_owned());
     let controller = applier(
-        |set, ctx| Box::pin(reconcile::reconcile(set, ctx)),
-        reconcile::error_policy,
+        |set, ctx| Box::pin(reconcile(set, ctx)),
+        error_policy,
         ctx.clone(),
         reader,
         queue,
