@@ -3,22 +3,33 @@
 //! A runner's status is written often by others: readiness, failure
 //! bookkeeping, the job details the listener records, messages. Little of it
 //! is input to the set, yet every such write would enqueue a reconcile of
-//! the set, which lists all its runners. So an update is dropped when the
-//! projection the set reconciler actually reads is unchanged (seed 004):
-//! object metadata (less `resourceVersion` and `managedFields`, which change
-//! on every write), the spec, `status.phase`, `status.runnerId`,
-//! `status.renewal`, and whether a runner that succeeded has its job's end
-//! recorded (a record that lands after the runner succeeded can free its
-//! place under a decision already applied: rule 5 of the plan).
+//! the set, which lists all its runners. So an update is dropped when what
+//! the plan reads of the runner is unchanged (seed 004): the projection is
+//! made by the function that makes the plan's view of a runner
+//! ([`Reading`](super::observe::Reading), which [`runner_view`] is built
+//! from), so the two cannot drift apart. What the view computes from the
+//! clock and the set's template (how long a runner has been renewable) is
+//! projected as its inputs: when its registration went, its phase, and its
+//! spec, labels and annotations.
+//!
+//! Two parts of the view are projected as far as the plan reads them:
+//! - the job's end is read only of a runner that succeeded (rule 5 of the
+//!   plan: a record that lands after the runner succeeded can free its
+//!   place under a decision already applied), so it is projected only
+//!   there;
+//! - a job recorded on a runner (the busy signal) gives the set nothing to
+//!   do: it only takes the runner out of what scale-down, a revision's
+//!   cleanup or the set's deletion may remove, and every such removal
+//!   deletes with the resourceVersion the pass read as a precondition, so a
+//!   job recorded after the read makes the deletion fail (and the pass
+//!   retried) rather than cancel the job. So a job recorded, with nothing
+//!   else changed, is dropped; a record that goes away is delivered.
 //!
 //! A predicate may only ever be an optimisation, so everything else is
 //! delivered: a runner seen for the first time, a deletion, and a runner
-//! that vanished while the watch was re-listing. The busy signal
-//! (`jobRequestId`/`jobId`) is deliberately not in the projection: a runner
-//! that takes a job gives the set nothing to do, and every decision that
-//! could touch a runner re-reads it and deletes with its resourceVersion as a
-//! precondition, so a job recorded after the read makes the deletion fail
-//! rather than cancel the job.
+//! that vanished while the watch was re-listing.
+//!
+//! [`runner_view`]: super::observe::runner_view
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -27,31 +38,75 @@ use kube::Resource;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
-use crate::api::{EphemeralRunner, EphemeralRunnerSet};
+use super::observe::Reading;
+use super::plan::RunnerView;
+use crate::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSet};
 
-/// What the set reconciler reads of a runner, hashed.
-pub fn projection(runner: &EphemeralRunner) -> u64 {
-    let mut metadata = runner.metadata.clone();
-    metadata.resource_version = None;
-    metadata.managed_fields = None;
-    let status = runner.status.as_ref();
-    let value = (
-        metadata,
-        &runner.spec,
-        status.and_then(|s| s.phase),
-        status.map_or(0, |s| s.runner_id),
-        status.and_then(|s| s.renewal.as_ref()),
-        status.is_some_and(|s| {
-            s.phase == Some(crate::api::EphemeralRunnerPhase::Succeeded) && s.job_ended()
-        }),
+/// What the set reconciler reads of a runner, as the filter keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Projection {
+    /// Everything the plan's view is made from but the busy signal, hashed.
+    read: u64,
+    /// Whether a job is recorded on it ([`RunnerView::has_job`]).
+    has_job: bool,
+}
+
+impl Projection {
+    /// Whether a runner that was `self` and is now `now` can give its set
+    /// something to do.
+    fn wakes(self, now: Self) -> bool {
+        self.read != now.read || (self.has_job && !now.has_job)
+    }
+}
+
+/// What the set reconciler reads of a runner: its [`Reading`], and which
+/// set's runner it is (the pass keeps only the runners its set owns).
+pub fn projection(runner: &EphemeralRunner) -> Projection {
+    let reading = Reading::of(runner);
+    // Every field of the view, by name: a field added to it does not
+    // compile until it is placed here.
+    let RunnerView {
+        name,
+        created,
+        deleting,
+        phase,
+        runner_id,
+        has_job,
+        job_ended,
+        patch_id,
+        revision,
+        set_generation,
+        // Always `None` in a reading: its inputs are projected below.
+        renewable_for: _,
+    } = &reading.view;
+    let succeeded = *phase == Some(EphemeralRunnerPhase::Succeeded);
+    let read = (
+        (
+            name,
+            created.as_ref().map(|t| t.0),
+            deleting,
+            phase,
+            runner_id,
+        ),
+        (*job_ended && succeeded, patch_id, revision, set_generation),
+        reading.registration_gone,
+        bytes(reading.spec),
+        reading.labels,
+        reading.annotations,
+        bytes(&runner.metadata.owner_references),
     );
     let mut hasher = DefaultHasher::new();
-    // Serialising gives every field a stable byte form; the types are ours
-    // and k8s-openapi's, so this cannot fail short of a bug.
-    serde_json::to_vec(&value)
-        .unwrap_or_default()
-        .hash(&mut hasher);
-    hasher.finish()
+    read.hash(&mut hasher);
+    Projection {
+        read: hasher.finish(),
+        has_job: *has_job,
+    }
+}
+
+/// A stable byte form of a k8s-openapi type, which has no `Hash`; the types
+/// are ours and k8s-openapi's, so this cannot fail short of a bug.
+fn bytes(value: &impl serde::Serialize) -> Vec<u8> {
+    serde_json::to_vec(value).unwrap_or_default()
 }
 
 /// The set that controls a runner, if any.
@@ -81,7 +136,7 @@ pub struct Judged {
 
 #[derive(Clone, Debug)]
 struct Seen {
-    projection: u64,
+    projection: Projection,
     owner: Option<ObjectRef<EphemeralRunnerSet>>,
 }
 
@@ -155,7 +210,7 @@ impl RunnerFilter {
                         owner: owner.clone(),
                     },
                 );
-                previous.is_none_or(|p| p.projection != projection)
+                previous.is_none_or(|p| p.projection.wakes(projection))
             }
             None => true,
         };
@@ -267,5 +322,185 @@ mod tests {
         let mut r = runner("a");
         r.metadata.owner_references = None;
         assert!(filter.judge(watcher::Event::Apply(r)).is_empty());
+    }
+
+    #[test]
+    fn a_change_the_plan_reads_is_delivered_and_one_it_does_not_is_dropped() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        let mut filter = RunnerFilter::default();
+        let mut r = runner("a");
+        status(&mut r).phase = Some(EphemeralRunnerPhase::Running);
+        status(&mut r).runner_id = 7;
+        assert!(delivered(&mut filter, &r), "first sight");
+        // Read by nothing in the plan.
+        status(&mut r).job_request_id = 9;
+        status(&mut r).job_id = Some("job-9".into());
+        assert!(!delivered(&mut filter, &r), "a job recorded");
+        status(&mut r).job_result = Some("succeeded".into());
+        assert!(!delivered(&mut filter, &r), "its end, while it runs");
+        r.metadata.finalizers = Some(vec!["test.arcwright.dev/hold".into()]);
+        assert!(!delivered(&mut filter, &r), "a finalizer");
+        // Read by the plan.
+        status(&mut r).job_request_id = 0;
+        status(&mut r).job_id = None;
+        assert!(delivered(&mut filter, &r), "a job record gone");
+        status(&mut r).phase = Some(EphemeralRunnerPhase::Succeeded);
+        status(&mut r).job_result = None;
+        assert!(delivered(&mut filter, &r), "succeeded");
+        status(&mut r).conditions = vec![Condition {
+            type_: "Registered".into(),
+            status: "False".into(),
+            reason: "SelfDeregistered".into(),
+            message: String::new(),
+            last_transition_time: Time("2026-12-01T00:00:07Z".parse().unwrap()),
+            observed_generation: None,
+        }];
+        assert!(
+            delivered(&mut filter, &r),
+            "its registration gone: renewable"
+        );
+        status(&mut r).job_result = Some("succeeded".into());
+        assert!(
+            delivered(&mut filter, &r),
+            "its job's end, once it succeeded"
+        );
+    }
+
+    /// The projection against the view it stands for: for each change of a
+    /// runner, if the plan's view of it changes (against the set's template
+    /// now or another, at any time), so does the projection, but for a job
+    /// recorded, which the module's doc says why the set ignores.
+    #[test]
+    fn every_change_the_plan_can_see_changes_the_projection() {
+        use super::super::apply::new_runner;
+        use super::super::observe::runner_view;
+        use super::super::plan::Creation;
+        use crate::api::{EphemeralRunnerSetSpec, RunnerRenewal};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        use kube::ResourceExt;
+
+        let set = |image: &str| {
+            let mut spec = EphemeralRunnerSetSpec::default();
+            spec.ephemeral_runner_spec.spec.containers = vec![Default::default()];
+            spec.ephemeral_runner_spec.spec.containers[0].image = Some(image.into());
+            let mut set = EphemeralRunnerSet::new("set", spec);
+            set.metadata.namespace = Some("ns".into());
+            set.metadata.uid = Some("set-uid".into());
+            set
+        };
+        let templates = [
+            new_runner(&set("runner:1"), Creation::default()),
+            new_runner(&set("runner:2"), Creation::default()),
+        ];
+        let times = ["2026-12-01T00:00:10Z", "2026-12-01T01:00:00Z"]
+            .map(|t| t.parse::<jiff::Timestamp>().unwrap());
+        fn registered(status: &str, at: &str) -> Condition {
+            Condition {
+                type_: "Registered".into(),
+                status: status.into(),
+                reason: String::new(),
+                message: String::new(),
+                last_transition_time: Time(at.parse().unwrap()),
+                observed_generation: None,
+            }
+        }
+        let mut base = new_runner(&set("runner:1"), Creation::default());
+        base.metadata.name = Some("set-runner-a".into());
+        base.metadata.uid = Some("a".into());
+        base.status = Some(EphemeralRunnerStatus {
+            phase: Some(EphemeralRunnerPhase::Succeeded),
+            runner_id: 7,
+            conditions: vec![registered("False", "2026-12-01T00:00:07Z")],
+            ..EphemeralRunnerStatus::default()
+        });
+        fn st(r: &mut EphemeralRunner) -> &mut EphemeralRunnerStatus {
+            r.status.get_or_insert_with(Default::default)
+        }
+        /// One change of a runner, named.
+        type Change = (&'static str, fn(&mut EphemeralRunner));
+        let changes: Vec<Change> = vec![
+            ("phase", |r| {
+                st(r).phase = Some(EphemeralRunnerPhase::Running)
+            }),
+            ("no phase", |r| st(r).phase = None),
+            ("runner id", |r| st(r).runner_id = 8),
+            ("job id", |r| st(r).job_id = Some("j".into())),
+            ("job request", |r| st(r).job_request_id = 3),
+            ("job result", |r| st(r).job_result = Some("failed".into())),
+            ("job runner", |r| {
+                st(r).job_id = Some("j".into());
+                st(r).job_runner_id = 6;
+            }),
+            ("registered again", |r| {
+                st(r).conditions = vec![registered("True", "2026-12-01T00:00:08Z")];
+            }),
+            ("registration gone later", |r| {
+                st(r).conditions = vec![registered("False", "2026-12-01T00:00:09Z")];
+            }),
+            ("renewed", |r| {
+                st(r).renewal = Some(RunnerRenewal {
+                    count: 1,
+                    patch_id: 4,
+                    set_generation: 2,
+                    renewed_at: Time("2026-12-01T00:00:09Z".parse().unwrap()),
+                });
+            }),
+            ("deleted", |r| {
+                r.metadata.deletion_timestamp = Some(Time("2026-12-01T00:00:09Z".parse().unwrap()));
+            }),
+            ("created", |r| {
+                r.metadata.creation_timestamp = Some(Time("2026-12-01T00:00:01Z".parse().unwrap()));
+            }),
+            ("patch id", |r| {
+                r.annotations_mut()
+                    .insert(crate::api::annotations::PATCH_ID.into(), "5".into());
+            }),
+            ("revision", |r| {
+                r.annotations_mut()
+                    .insert(crate::api::annotations::REVISION.into(), "2".into());
+            }),
+            ("set generation", |r| {
+                r.annotations_mut()
+                    .insert(crate::api::annotations::SET_GENERATION.into(), "9".into());
+            }),
+            ("a label gone", |r| {
+                r.labels_mut().remove(crate::api::labels::COMPONENT);
+            }),
+            ("spec", |r| {
+                r.spec.spec.containers[0].image = Some("runner:2".into())
+            }),
+            ("message", |r| st(r).message = Some("hi".into())),
+            ("ready", |r| st(r).ready = true),
+        ];
+        let before = projection(&base);
+        let mut dropped = Vec::new();
+        for (what, change) in &changes {
+            let mut after = base.clone();
+            change(&mut after);
+            let seen = templates.iter().any(|template| {
+                times.iter().any(|&now| {
+                    runner_view(&base, template, now) != runner_view(&after, template, now)
+                })
+            });
+            let view = |r: &EphemeralRunner| runner_view(r, &templates[0], times[0]);
+            let only_a_job_recorded = view(&after).has_job
+                && RunnerView {
+                    has_job: false,
+                    ..view(&after)
+                } == view(&base);
+            let wakes = before.wakes(projection(&after));
+            assert!(
+                wakes || !seen || only_a_job_recorded,
+                "{what}: the plan sees it, the watch would drop it"
+            );
+            if !wakes {
+                dropped.push(*what);
+            }
+        }
+        assert_eq!(
+            dropped,
+            ["job id", "job request", "job runner", "message", "ready"],
+            "what the set does not read of a succeeded runner"
+        );
     }
 }
