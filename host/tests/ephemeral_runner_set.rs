@@ -6,9 +6,8 @@
 
 mod common;
 
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arcwright::api::{
     EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSet, EphemeralRunnerSetPhase,
@@ -17,7 +16,7 @@ use arcwright::api::{
 };
 use arcwright::controllers::ephemeral_runner_set::{self as controller, Context, SetMetrics};
 use arcwright::controllers::kit::Synced;
-use arcwright_harness::TestEnv;
+use arcwright_harness::{TestEnv, eventually};
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -31,6 +30,8 @@ const HOLD: &str = "test.arcwright.dev/deregistration";
 /// The runner controller's finalizer, which every runner is born with.
 const RUNNER_FINALIZER: &str = finalizers::EPHEMERAL_RUNNER.name;
 const SET: &str = "linux";
+/// How long a test waits for what the controller must do.
+const WITHIN: Duration = Duration::from_secs(30);
 
 struct Harness {
     env: TestEnv,
@@ -212,7 +213,7 @@ impl Harness {
         what: &str,
         test: impl Fn(&[EphemeralRunner]) -> bool,
     ) -> Vec<EphemeralRunner> {
-        until(what, || async {
+        eventually(what, WITHIN, || async {
             let runners = self.runners().await;
             test(&runners).then_some(runners)
         })
@@ -224,7 +225,7 @@ impl Harness {
         what: &str,
         test: impl Fn(&EphemeralRunnerSetStatus) -> bool,
     ) -> EphemeralRunnerSetStatus {
-        until(what, || async {
+        eventually(what, WITHIN, || async {
             let status = self.status().await;
             test(&status).then_some(status)
         })
@@ -347,23 +348,6 @@ fn runner_spec(image: &str) -> EphemeralRunnerSpec {
     }
 }
 
-/// Polls `probe` until it yields a value; a bound on waiting for something
-/// that must happen, never a delay before checking that something did not.
-async fn until<T, F, Fut>(what: &str, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn names(runners: &[EphemeralRunner]) -> Vec<String> {
     runners.iter().map(ResourceExt::name_any).collect()
 }
@@ -440,7 +424,7 @@ async fn a_set_holding_the_finalizer_under_its_former_name_is_still_cleaned_up()
     );
 
     h.sets().delete(SET, &Default::default()).await.unwrap();
-    until("the set gone", || async {
+    eventually("the set gone", WITHIN, || async {
         h.sets().get_opt(SET).await.unwrap().is_none().then_some(())
     })
     .await;
@@ -714,7 +698,7 @@ async fn runner_updates_outside_the_projection_do_not_wake_the_set() {
     let ns = h.env.namespace().to_string();
     let delivered = || h.metrics.runner_updates_of(&ns, SET, "delivered");
     let dropped = || h.metrics.runner_updates_of(&ns, SET, "dropped");
-    until("both creations delivered", || async {
+    eventually("both creations delivered", WITHIN, || async {
         (delivered() == 2).then_some(())
     })
     .await;
@@ -732,7 +716,7 @@ async fn runner_updates_outside_the_projection_do_not_wake_the_set() {
     // this one is delivered the four before it have been judged.
     h.report(&runners[1], json!({"phase": "Running", "runnerId": 3}))
         .await;
-    until("the phase change delivered", || async {
+    eventually("the phase change delivered", WITHIN, || async {
         (delivered() == 3).then_some(())
     })
     .await;
@@ -773,7 +757,7 @@ async fn the_listener_records_a_job_on_its_runner_as_far_as_the_set_needs_it() {
         &shutdown,
     );
     view.wait_until_ready().await;
-    until("the cache sees the runner succeeded", || async {
+    eventually("the cache sees the runner succeeded", WITHIN, || async {
         view.runner(h.env.namespace(), &done).filter(|r| {
             r.status.as_ref().and_then(|s| s.phase) == Some(EphemeralRunnerPhase::Succeeded)
         })
