@@ -143,17 +143,17 @@ async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Ac
         }
         ctx.metrics
             .current
-            .get_or_create(&observed.labels)
+            .get_or_create(&observed.metric_labels)
             .set(i64::from(status.current_replicas));
     }
     ctx.metrics
         .desired
-        .get_or_create(&observed.labels)
+        .get_or_create(&observed.metric_labels)
         .set(i64::from(set.spec.replicas));
     if plan.remove_finalizer {
         apply.remove_finalizer().await?;
-        ctx.metrics.current.remove(&observed.labels);
-        ctx.metrics.desired.remove(&observed.labels);
+        ctx.metrics.current.remove(&observed.metric_labels);
+        ctx.metrics.desired.remove(&observed.metric_labels);
         ctx.forget(&observed.uid);
         return Ok(Action::await_change());
     }

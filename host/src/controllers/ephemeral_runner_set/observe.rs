@@ -26,7 +26,7 @@ pub(super) struct Observed {
     /// deleted and made again under its name starts afresh.
     pub uid: String,
     /// The set's namespace and name, as its metrics are labelled.
-    pub labels: SetLabels,
+    pub metric_labels: SetLabels,
     /// The set as the plan sees it, with what the controller remembers.
     pub set: SetView,
     /// Its runners as listed, for the writes that name the version read.
@@ -77,7 +77,7 @@ pub(super) async fn observe(set: &EphemeralRunnerSet, ctx: &Context) -> Result<O
     Ok(Observed {
         set: set_view(set, &memory),
         uid,
-        labels: set_labels,
+        metric_labels: set_labels,
         runners,
         views,
         template,
@@ -111,7 +111,7 @@ pub(super) fn set_view(set: &EphemeralRunnerSet, memory: &SetMemory) -> SetView 
         actionable_revision: set.spec.actionable_revision,
         status: set.status.clone().unwrap_or_default(),
         decision_applied: memory.decided.is_some() && memory.decided == set.metadata.generation,
-        status_written: memory.status_written.map(|at| at.elapsed()),
+        since_status_written: memory.status_written.map(|at| at.elapsed()),
     }
 }
 

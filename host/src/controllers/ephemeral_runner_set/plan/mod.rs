@@ -153,7 +153,7 @@ pub struct SetView {
     /// How long ago this controller last wrote the status, if it remembers
     /// (rule 9). Kept in memory: after a restart the first write is never
     /// put off.
-    pub status_written: Option<Duration>,
+    pub since_status_written: Option<Duration>,
 }
 
 /// What the plan needs to know about one runner of the set.
@@ -444,7 +444,7 @@ pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
         .filter(|status| *status != set.status);
     let deferred = status
         .as_ref()
-        .and_then(|status| counts_deferred(&set.status, status, set.status_written));
+        .and_then(|status| counts_deferred(&set.status, status, set.since_status_written));
     let status = status.filter(|_| deferred.is_none());
     Plan {
         deletion_events: deletion_events(&delete),

@@ -361,13 +361,13 @@ fn a_status_of_counts_alone_is_put_off_and_looked_at_again_when_due() {
     s.status = plan(&s, &runners).status.unwrap();
     let more = [runner("a").running(), runner("b").running()];
     s.replicas = 2;
-    s.status_written = Some(Duration::from_millis(300));
+    s.since_status_written = Some(Duration::from_millis(300));
     let p = plan(&s, &more);
     assert_eq!(p.status, None);
     assert_eq!(p.requeue, Duration::from_millis(700));
     assert!(p.status_events.is_empty());
     // A second after the last write, it goes.
-    s.status_written = Some(COUNTS_INTERVAL);
+    s.since_status_written = Some(COUNTS_INTERVAL);
     assert_eq!(plan(&s, &more).status.unwrap().current_replicas, 2);
 }
 
