@@ -7,8 +7,9 @@
 //! ARC's formula), enqueues a burst of jobs and shows, live:
 //!
 //! - jobs queued / running / done (the fake Actions service's view);
-//! - runners desired (the policy's last decision) / pending / running (with
-//!   a job) / idle (the cluster's EphemeralRunners);
+//! - runners desired (the policy's last decision) / pending / busy (running
+//!   a job, by the Actions service's record of running jobs) / idle (the
+//!   cluster's EphemeralRunners);
 //! - the policy and the reason it gave, from the scale set's
 //!   `status.scaling`.
 //!
@@ -26,6 +27,7 @@
 //! plane go with the stack when it is dropped, and the child processes are
 //! also tied to the demo's life by the kernel (`PR_SET_PDEATHSIG`).
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -79,9 +81,12 @@ pub struct View {
     pub done: usize,
     /// The policy's last decision.
     pub desired: i32,
-    /// Runners whose pod is not running yet.
+    /// Runners not running a job whose pod is not running yet.
     pub pending: usize,
-    /// Runners running a job.
+    /// Runners running a job: the service runs one on the runner's
+    /// registration, or the listener recorded one that has not ended. Not
+    /// the runner's phase, which lags the job (a runner can be Pending, or
+    /// Running with no job recorded yet, while its job runs).
     pub busy: usize,
     /// Runners running without a job.
     pub idle: usize,
@@ -95,9 +100,13 @@ impl View {
     /// Counts jobs by phase and runners by state.
     pub fn from_parts(jobs: &[JobSnapshot], runners: &[EphemeralRunner]) -> View {
         let mut view = View::default();
+        let mut running_on = BTreeSet::new();
         for job in jobs {
             match job.phase {
-                JobPhase::Running => view.running += 1,
+                JobPhase::Running => {
+                    view.running += 1;
+                    running_on.extend(job.runner_id);
+                }
                 JobPhase::Finished => view.done += 1,
                 _ => view.queued += 1,
             }
@@ -107,8 +116,12 @@ impl View {
             .filter(|r| r.metadata.deletion_timestamp.is_none())
         {
             let status = runner.status.clone().unwrap_or_default();
+            let running = status.phase == Some(EphemeralRunnerPhase::Running);
+            let runs_a_job = u64::try_from(status.runner_id)
+                .is_ok_and(|registration| running_on.contains(&registration))
+                || (running && status.has_job() && !status.job_ended());
             match status.phase {
-                Some(EphemeralRunnerPhase::Running) if status.job_request_id != 0 => view.busy += 1,
+                _ if runs_a_job => view.busy += 1,
                 Some(EphemeralRunnerPhase::Running) => view.idle += 1,
                 None | Some(EphemeralRunnerPhase::Pending) => view.pending += 1,
                 // Finished, held or outdated runners are on their way out.
@@ -121,7 +134,7 @@ impl View {
     /// The view as one plain log line.
     pub fn line(&self) -> String {
         format!(
-            "jobs queued={} running={} done={} | runners desired={} pending={} running={} idle={} | {}: {}",
+            "jobs queued={} running={} done={} | runners desired={} pending={} busy={} idle={} | {}: {}",
             self.queued,
             self.running,
             self.done,
@@ -252,7 +265,7 @@ impl Display {
                 jobs.set_message(format!("queued {} running {}", view.queued, view.running));
                 runners.set_position((view.pending + view.busy + view.idle) as u64);
                 runners.set_message(format!(
-                    "desired {} pending {} running {} idle {}",
+                    "desired {} pending {} busy {} idle {}",
                     view.desired, view.pending, view.busy, view.idle
                 ));
                 policy.set_message(format!("{}: {}", view.policy, view.reason));
@@ -448,6 +461,27 @@ mod tests {
         }
     }
 
+    /// A job the service runs on registration `runner_id`.
+    fn running_on(runner_id: u64) -> JobSnapshot {
+        JobSnapshot {
+            runner_id: Some(runner_id),
+            ..job(JobPhase::Running)
+        }
+    }
+
+    /// A runner registered as `registration` (0: not yet).
+    fn registered(
+        phase: Option<EphemeralRunnerPhase>,
+        registration: i64,
+        job: i64,
+    ) -> EphemeralRunner {
+        let mut runner = runner(phase, job, false);
+        if let Some(status) = runner.status.as_mut() {
+            status.runner_id = registration;
+        }
+        runner
+    }
+
     fn runner(phase: Option<EphemeralRunnerPhase>, job: i64, deleting: bool) -> EphemeralRunner {
         let mut runner: EphemeralRunner = serde_json::from_value(serde_json::json!({
             "apiVersion": "arcwright.dev/v1alpha1", "kind": "EphemeralRunner",
@@ -495,8 +529,28 @@ mod tests {
         );
         assert_eq!((view.pending, view.busy, view.idle), (2, 1, 1), "{view:?}");
         assert!(view.line().starts_with(
-            "jobs queued=2 running=1 done=2 | runners desired=0 pending=2 running=1 idle=1"
+            "jobs queued=2 running=1 done=2 | runners desired=0 pending=2 busy=1 idle=1"
         ));
+    }
+
+    /// A runner's phase and job record lag its job: the service running a
+    /// job on its registration is what makes it busy.
+    #[test]
+    fn a_runner_is_busy_while_the_service_runs_its_job_whatever_its_status_says() {
+        use EphemeralRunnerPhase::*;
+        let jobs = [running_on(11), running_on(12), job(JobPhase::Finished)];
+        let runners = [
+            // Running, the listener's record of the job not written yet.
+            registered(Some(Running), 11, 0),
+            // Still Pending as far as its status goes.
+            registered(Some(Pending), 12, 0),
+            // Registered, waiting for a job.
+            registered(Some(Running), 13, 0),
+            registered(None, 0, 0),
+        ];
+        let view = View::from_parts(&jobs, &runners);
+        assert_eq!((view.pending, view.busy, view.idle), (1, 2, 1), "{view:?}");
+        assert_eq!(view.running, view.busy, "every running job has its runner");
     }
 
     #[test]
