@@ -7,6 +7,7 @@
 //! plane) before running anything, so the same command works on a laptop, in
 //! CI and on a machine that has never built the project.
 
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
@@ -87,16 +88,18 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Task::Demo { args } => {
             setup()?;
-            // The debug build: `cargo xtask test` keeps it warm, and the
-            // demo shows behaviour, not speed.
-            cargo(&build_host(false))?;
-            run_stack_binary("demo", false, args)
+            // The debug build `cargo xtask test` leaves behind: the demo
+            // shows behaviour, not speed.
+            run_stack_binary("demo", Profile::Tests, args)
         }
         Task::Bench { args } if args.first().map(String::as_str) == Some("scale") => {
             setup()?;
             // Figures are only worth reporting from an optimised host.
-            cargo(&build_host(true))?;
-            run_stack_binary("bench-scale", true, args.into_iter().skip(1).collect())
+            run_stack_binary(
+                "bench-scale",
+                Profile::Release,
+                args.into_iter().skip(1).collect(),
+            )
         }
         Task::Test { args } => {
             setup()?;
@@ -127,20 +130,11 @@ fn run(cli: Cli) -> Result<()> {
         }
         Task::Crds { check: false } => {
             ensure_wasm_target()?;
-            let crds = workspace_root().join("crds").display().to_string();
-            cargo(
-                &[
-                    "run",
-                    "-q",
-                    "-p",
-                    "arcwright",
-                    "--bin",
-                    "crdgen",
-                    "--",
-                    &crds,
-                ]
-                .map(str::to_owned),
-            )
+            // Built as the tests build it, rather than with the feature
+            // set a lone `-p arcwright` would select.
+            let [crdgen] = build_binaries(["crdgen"], Profile::Tests)?;
+            let crds = workspace_root().join("crds");
+            succeed(Command::new(&crdgen).arg(&crds))
         }
         Task::ControlPlane => {
             let bin = control_plane()?;
@@ -151,41 +145,88 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// `cargo build [--release] -p arcwright --bin arcwright`: the binary the
-/// stack runs as a separate process, built before the stack's own binary
-/// runs (which finds it beside itself in `target/<profile>/`).
-fn build_host(release: bool) -> Vec<String> {
-    let mut command = vec!["build".to_owned()];
-    if release {
-        command.push("--release".to_owned());
+/// Which build a binary xtask runs comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Profile {
+    /// The debug build with the features `cargo test --workspace` unifies,
+    /// so that after `cargo xtask test` nothing but what changed compiles.
+    Tests,
+    /// The release build, without the test-only features (tokio's
+    /// `test-util`): what the figures of `bench scale` are measured on.
+    Release,
+}
+
+/// The `cargo build` of the binaries `bins`, together: one package
+/// selection, so one feature unification for all of them (`-p arcwright`
+/// and then `-p arcwright-stack` unified differently and compiled kube,
+/// hyper and wasmtime twice), and `--workspace`, the selection `cargo xtask
+/// test` builds with.
+///
+/// For [`Profile::Tests`], `--examples` (the workspace has none) makes
+/// cargo resolve features with the dev-dependencies, as a test build does:
+/// without it the dependencies that tests build with other features
+/// (tokio, wasmtime) are compiled again. Cargo's messages go to stdout as
+/// JSON, so the binaries are found where cargo says it put them.
+fn build_command(bins: &[&str], profile: Profile) -> Vec<String> {
+    let mut command = vec!["build".to_owned(), "--workspace".to_owned()];
+    match profile {
+        Profile::Tests => command.push("--examples".to_owned()),
+        Profile::Release => command.push("--release".to_owned()),
     }
-    command.extend(["-p", "arcwright", "--bin", "arcwright"].map(str::to_owned));
+    for bin in bins {
+        command.extend(["--bin".to_owned(), (*bin).to_owned()]);
+    }
+    command.push("--message-format=json-render-diagnostics".to_owned());
     command
 }
 
-/// Runs one of the stack's binaries through `cargo run`, with SIGINT
-/// ignored here meanwhile: Ctrl-C reaches the whole foreground process
-/// group, and the stack's binary handles it by stopping everything it
-/// started; xtask waits for that and passes its exit status on, rather
-/// than returning the prompt while the clean-up is still printing.
-fn run_stack_binary(bin: &str, release: bool, args: Vec<String>) -> Result<()> {
-    let command = stack_command(bin, release, args);
+/// Builds the binaries `bins` ([`build_command`]); their paths, in order.
+fn build_binaries<const N: usize>(bins: [&str; N], profile: Profile) -> Result<[PathBuf; N]> {
+    let messages = cargo_output(&build_command(&bins, profile))?;
+    built_binaries(&messages, bins)
+}
+
+/// Reads the executables `bins` off cargo's JSON messages
+/// (`compiler-artifact` lines with an `executable`).
+fn built_binaries<const N: usize>(messages: &str, bins: [&str; N]) -> Result<[PathBuf; N]> {
+    let mut found: [Option<PathBuf>; N] = std::array::from_fn(|_| None);
+    for line in messages.lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(name), Some(executable)) = (
+            message["target"]["name"].as_str(),
+            message["executable"].as_str(),
+        ) else {
+            continue;
+        };
+        if let Some(at) = bins.iter().position(|bin| *bin == name) {
+            found[at] = Some(PathBuf::from(executable));
+        }
+    }
+    let mut paths = Vec::with_capacity(N);
+    for (path, bin) in found.into_iter().zip(bins) {
+        paths.push(path.with_context(|| format!("cargo built no {bin} binary"))?);
+    }
+    Ok(paths.try_into().expect("one path per binary"))
+}
+
+/// Builds the host and the stack's binary `bin` and runs it, pointed at
+/// that host binary (`ARCWRIGHT_BIN`), with SIGINT ignored here meanwhile:
+/// Ctrl-C reaches the whole foreground process group, and the stack's
+/// binary handles it by stopping everything it started; xtask waits for
+/// that and passes its exit status on, rather than returning the prompt
+/// while the clean-up is still printing.
+fn run_stack_binary(bin: &str, profile: Profile, args: Vec<String>) -> Result<()> {
+    let [host, stack] = build_binaries(["arcwright", bin], profile)?;
     // SAFETY: installs the default "ignore" disposition; no handler runs.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
     }
-    cargo(&command)
-}
-
-/// `cargo run -q [--release] -p arcwright-stack --bin BIN -- ARGS`.
-fn stack_command(bin: &str, release: bool, args: Vec<String>) -> Vec<String> {
-    let mut command = vec!["run".to_owned(), "-q".to_owned()];
-    if release {
-        command.push("--release".to_owned());
-    }
-    command.extend(["-p", "arcwright-stack", "--bin", bin, "--"].map(str::to_owned));
-    command.extend(args);
-    command
+    let mut command = Command::new(&stack);
+    command.args(&args).env("ARCWRIGHT_BIN", &host);
+    without_the_running_package(&mut command);
+    succeed(&mut command)
 }
 
 /// The `cargo test` arguments for `cargo xtask test ARGS`.
@@ -267,28 +308,65 @@ fn workspace_root() -> std::path::PathBuf {
 }
 
 fn cargo(args: &[String]) -> Result<()> {
+    succeed(&mut cargo_command(args))
+}
+
+/// [`cargo`], returning what it printed on stdout (its diagnostics and
+/// progress still go to the terminal, on stderr).
+fn cargo_output(args: &[String]) -> Result<String> {
+    let mut command = cargo_command(args);
+    let output = command
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", shown(&command)))?;
+    if !output.status.success() {
+        bail!("`{}` failed ({})", shown(&command), output.status);
+    }
+    String::from_utf8(output.stdout).context("cargo's messages are not UTF-8")
+}
+
+/// `cargo ARGS`, with the cargo that runs xtask.
+fn cargo_command(args: &[String]) -> Command {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let mut command = Command::new(&cargo);
-    // `cargo xtask` is `cargo run`, which describes the xtask package to it
-    // in the environment (`CARGO_MANIFEST_DIR`, `CARGO_PKG_NAME`, ...).
-    // Passed on, they reach the build scripts of the cargo run here, and
-    // some of them watch those variables (ring's watches
-    // `CARGO_MANIFEST_DIR`): every switch between `cargo xtask test` and a
-    // plain `cargo test` would rebuild ring and everything above it
-    // (rustls, kube, the controller), minutes of a clean build.
+    let mut command = Command::new(cargo);
+    without_the_running_package(&mut command);
+    command.args(args);
+    command
+}
+
+/// Runs `command` to its end; an error unless it succeeded.
+fn succeed(command: &mut Command) -> Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("running {}", shown(command)))?;
+    if !status.success() {
+        bail!("`{}` failed ({status})", shown(command));
+    }
+    Ok(())
+}
+
+/// A command as a person would type it.
+fn shown(command: &Command) -> String {
+    std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(|word| word.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `cargo xtask` is `cargo run`, which describes the xtask package to it in
+/// the environment (`CARGO_MANIFEST_DIR`, `CARGO_PKG_NAME`, ...). Passed on,
+/// they reach the build scripts of the cargo run here, and some of them
+/// watch those variables (ring's watches `CARGO_MANIFEST_DIR`): every
+/// switch between `cargo xtask test` and a plain `cargo test` would rebuild
+/// ring and everything above it (rustls, kube, the controller), minutes of
+/// a clean build. Nor do they describe a stack binary run from here.
+fn without_the_running_package(command: &mut Command) {
     for (key, _) in std::env::vars_os() {
         if key.to_str().is_some_and(describes_the_running_package) {
             command.env_remove(&key);
         }
     }
-    let status = command
-        .args(args)
-        .status()
-        .with_context(|| format!("running {cargo} {}", args.join(" ")))?;
-    if !status.success() {
-        bail!("`cargo {}` failed ({status})", args.join(" "));
-    }
-    Ok(())
 }
 
 /// Whether `key` is one of the variables cargo sets for the package it
@@ -376,10 +454,9 @@ mod tests {
         }
     }
 
-    /// `bench scale` and `demo` pass their flags through untouched, to the
-    /// release build for the figures and the debug build for the demo.
+    /// `bench scale` and `demo` pass their flags through untouched.
     #[test]
-    fn bench_scale_and_demo_reach_the_stack_binaries_with_their_flags() {
+    fn bench_scale_and_demo_pass_their_flags_on() {
         let cli = Cli::try_parse_from([
             "xtask",
             "bench",
@@ -398,53 +475,62 @@ mod tests {
             args,
             ["scale", "--jobs", "200", "--max-runners", "20", "--help"]
         );
-        assert_eq!(
-            stack_command("bench-scale", true, args[1..].to_vec()),
-            [
-                "run",
-                "-q",
-                "--release",
-                "-p",
-                "arcwright-stack",
-                "--bin",
-                "bench-scale",
-                "--",
-                "--jobs",
-                "200",
-                "--max-runners",
-                "20",
-                "--help"
-            ]
-        );
-        assert_eq!(
-            build_host(true),
-            [
-                "build",
-                "--release",
-                "-p",
-                "arcwright",
-                "--bin",
-                "arcwright"
-            ]
-        );
         let cli = Cli::try_parse_from(["xtask", "demo", "--keep", "--help"]).unwrap();
         let Task::Demo { args } = cli.command else {
             panic!("demo");
         };
+        assert_eq!(args, ["--keep", "--help"]);
+    }
+
+    /// The host and the stack's binary are built by one cargo, of the whole
+    /// workspace: the demo's with the tests' features, the benchmark's
+    /// optimised.
+    #[test]
+    fn the_stack_binaries_are_built_with_the_host_in_one_selection() {
         assert_eq!(
-            stack_command("demo", false, args),
+            build_command(&["arcwright", "demo"], Profile::Tests),
             [
-                "run",
-                "-q",
-                "-p",
-                "arcwright-stack",
+                "build",
+                "--workspace",
+                "--examples",
+                "--bin",
+                "arcwright",
                 "--bin",
                 "demo",
-                "--",
-                "--keep",
-                "--help"
+                "--message-format=json-render-diagnostics"
             ]
         );
+        assert_eq!(
+            build_command(&["arcwright", "bench-scale"], Profile::Release),
+            [
+                "build",
+                "--workspace",
+                "--release",
+                "--bin",
+                "arcwright",
+                "--bin",
+                "bench-scale",
+                "--message-format=json-render-diagnostics"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_binaries_are_found_where_cargo_says_it_put_them() {
+        let messages = [
+            r#"{"reason":"compiler-artifact","target":{"name":"arcwright_harness","kind":["lib"]},"executable":null}"#,
+            r#"{"reason":"compiler-artifact","target":{"name":"arcwright","kind":["bin"]},"executable":"/t/debug/arcwright"}"#,
+            "not JSON: a line cargo does not write, skipped",
+            r#"{"reason":"compiler-artifact","target":{"name":"demo","kind":["bin"]},"executable":"/t/debug/demo"}"#,
+            r#"{"reason":"build-finished","success":true}"#,
+        ]
+        .join("\n");
+        assert_eq!(
+            built_binaries(&messages, ["arcwright", "demo"]).unwrap(),
+            [PathBuf::from("/t/debug/arcwright"), "/t/debug/demo".into()]
+        );
+        let err = built_binaries(&messages, ["arcwright", "bench-scale"]).unwrap_err();
+        assert!(err.to_string().contains("no bench-scale binary"), "{err}");
     }
 
     /// The package description is what `cargo` and crates listings show:

@@ -53,7 +53,7 @@ pub fn arcwright_binary() -> Result<PathBuf> {
         .and_then(|m| m.modified())
         .with_context(|| {
             format!(
-                "no arcwright binary at {}: build it with `cargo build{profile} -p arcwright --bin arcwright` (or set ARCWRIGHT_BIN)",
+                "no arcwright binary at {}: build it with `cargo build{profile} --workspace --bin arcwright` (or set ARCWRIGHT_BIN)",
                 binary.display()
             )
         })?;
