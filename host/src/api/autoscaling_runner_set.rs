@@ -195,3 +195,76 @@ pub struct ScalingStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_decision_time: Option<Time>,
 }
+
+/// An enum of names written into the cluster (a condition's type, a
+/// reason), each variant spelt as it is written, so a misspelt one does not
+/// compile and the tests match on the variant rather than on a string.
+macro_rules! wire_names {
+    ($(#[$meta:meta])* $name:ident { $($(#[$variant_meta:meta])* $variant:ident,)+ }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$variant_meta])* $variant,)+
+        }
+
+        impl $name {
+            /// The name as it is written in the status or the event.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => stringify!($variant),)+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+wire_names! {
+    /// The conditions the controller sets on an AutoscalingRunnerSet.
+    AutoscalingRunnerSetCondition {
+        /// Whether the pod-validation policy accepts `spec.template`
+        /// ([`PodTemplateReason`]): while it is False nothing is built or
+        /// registered for the spec, and the message lists every violation.
+        PodTemplateAccepted,
+        /// Why a deletion does not finish by itself, and what an admin can
+        /// do about it ([`DeletionBlockedReason`]).
+        DeletionBlocked,
+    }
+}
+
+wire_names! {
+    /// Why `PodTemplateAccepted` is what it is.
+    PodTemplateReason {
+        /// The policy found nothing wrong (True).
+        Accepted,
+        /// The policy refused the template (False).
+        PolicyViolation,
+    }
+}
+
+wire_names! {
+    /// Why `DeletionBlocked` is True.
+    DeletionBlockedReason {
+        /// The credentials Secret is gone, so the scale set cannot be
+        /// deleted in the Actions service; restoring it, or the force-delete
+        /// annotation, lets the deletion go on.
+        SecretMissing,
+    }
+}
+
+wire_names! {
+    /// The reasons of the events the controller publishes on an
+    /// AutoscalingRunnerSet.
+    AutoscalingRunnerSetEvent {
+        /// The pod-validation policy refused the template (once per
+        /// distinct set of violations).
+        PodTemplateRejected,
+        /// The deletion is blocked (once per new reason).
+        DeletionBlocked,
+    }
+}
