@@ -163,6 +163,28 @@ impl CredentialsError {
     }
 }
 
+/// Gives an Actions client for a GitHub target: the one way a controller
+/// asks for a client. [`ActionsClients`] is the production source; the
+/// trait keeps a controller independent of how that cache is built.
+///
+/// A listener asks differently ([`crate::listener::ListenerClient`]): it is
+/// bound to its one scale set's target and asks again for the same target
+/// whenever the service refuses its credentials.
+pub trait ActionsClientSource: Send + Sync + 'static {
+    /// The client for `target`; an error names what is missing or
+    /// unusable, never a value.
+    fn client(
+        &self,
+        target: &GitHubTarget,
+    ) -> impl std::future::Future<Output = Result<ActionsClient, CredentialsError>> + Send;
+}
+
+impl ActionsClientSource for ActionsClients {
+    async fn client(&self, target: &GitHubTarget) -> Result<ActionsClient, CredentialsError> {
+        self.get(target).await
+    }
+}
+
 /// The versions of everything a client was built from. A change in any of
 /// them means the client is stale.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -772,7 +772,7 @@ async fn an_expired_queue_token_is_refreshed_without_a_new_session() {
 #[derive(Clone)]
 struct EditableSecret(std::sync::Arc<std::sync::Mutex<ActionsClient>>);
 
-impl listener::ClientSource for EditableSecret {
+impl listener::ListenerClient for EditableSecret {
     async fn client(&self) -> Result<ActionsClient, String> {
         Ok(self.0.lock().unwrap().clone())
     }

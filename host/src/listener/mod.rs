@@ -26,7 +26,7 @@
 //! or token lost, outages, credentials refused) is retried with capped,
 //! jittered exponential backoff ([`Backoff`]) and reported; none ends the
 //! task. Refused credentials are read again from the scale set's Secret
-//! ([`ClientSource`]), so a rotated key is picked up without a restart. Shutdown stops
+//! ([`ListenerClient`]), so a rotated key is picked up without a restart. Shutdown stops
 //! the poll and deletes the session.
 //!
 //! The decisions are pure functions with table tests: [`plan_batch`] (a
@@ -80,7 +80,7 @@ pub use error::ListenerError;
 pub use jobs::{JobCompleted, JobSink, JobStarted};
 pub use memory::{JobRecord, MemoryJobSink, MemoryScaleTarget, MemoryStatusSink, Recorder};
 pub use patch::PatchSequence;
-pub use source::{ClientSource, CredentialSource};
+pub use source::{CachedClient, ListenerClient};
 pub use status::{DecisionReport, Health, StatusSink, StatusTracker, StatusUpdate};
 pub use supervisor::Supervisor;
 pub use target::{Observed, ScalePatch, ScaleTarget};
@@ -179,7 +179,7 @@ pub fn spawn<C, T, J, S>(
     shutdown: &CancellationToken,
 ) -> ListenerHandle
 where
-    C: ClientSource,
+    C: ListenerClient,
     T: ScaleTarget,
     J: JobSink,
     S: StatusSink,

@@ -7,7 +7,7 @@
 //! [`ScaleSetStatus`]). A listener gets its Actions client from the shared
 //! cache ([`ActionsClients`]), so a thousand scale sets under one GitHub App
 //! share its tokens and connections, and asks it again when its
-//! credentials are refused ([`CredentialSource`]).
+//! credentials are refused ([`CachedClient`]).
 //!
 //! Stopping is waited for: [`ListenerControl::stop`] returns once the task
 //! has deleted its message session, so the controller's deletion order
@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::cluster::{ClusterView, RunnerJobs, RunnerSetTarget, ScaleSetStatus};
 use super::control::{ListenerConfig, ListenerControl, StartError};
-use super::{Backoff, CredentialSource, ListenerHandle, ListenerMetrics, ListenerSpec};
+use super::{Backoff, CachedClient, ListenerHandle, ListenerMetrics, ListenerSpec};
 use crate::credentials::ActionsClients;
 use crate::policy::loader::PolicyLoader;
 use crate::policy::types::ScaleSet;
@@ -176,7 +176,7 @@ impl ListenerControl for Supervisor {
                 name: config.name.clone(),
                 message: error.to_string(),
             })?;
-        let client = CredentialSource {
+        let client = CachedClient {
             clients: self.clients.clone(),
             target: config.github.clone(),
         };

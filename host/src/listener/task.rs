@@ -12,7 +12,7 @@ use super::jobs::JobSink;
 use super::memory::JobRecord;
 use super::metrics::ScaleSetLabels;
 use super::patch::PatchSequence;
-use super::source::ClientSource;
+use super::source::ListenerClient;
 use super::status::{DecisionReport, Health, Reporting, StatusSink};
 use super::target::ScaleTarget;
 use super::{Cause, ListenerError, ListenerSpec};
@@ -64,7 +64,7 @@ struct Memory {
     full: bool,
 }
 
-impl<C: ClientSource, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, S> {
+impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, S> {
     pub(crate) async fn run(self) -> Result<(), ListenerError> {
         let reporter: Arc<dyn crate::policy::PolicyReporter> = self.status.clone();
         let policy = self

@@ -17,11 +17,9 @@ pub mod plan;
 pub mod reconcile;
 pub mod watch;
 
-use std::future::Future;
-
-use crate::actions::{ActionsClient, ActionsError};
+use crate::actions::ActionsError;
 use crate::api::AutoscalingRunnerSet;
-use crate::credentials::{ActionsClients, CredentialsError, GitHubTarget};
+use crate::credentials::{CredentialsError, GitHubTarget};
 
 pub use crate::listener::control::{
     InMemoryListeners, ListenerConfig, ListenerControl, ListenerEvent, StartError,
@@ -54,39 +52,6 @@ pub const TEMPLATE_CONDITION: &str = "PodTemplateAccepted";
 /// The condition saying why a deletion does not finish.
 pub const DELETION_CONDITION: &str = "DeletionBlocked";
 
-/// Why no Actions client could be had for a scale set.
-#[derive(Debug, thiserror::Error)]
-pub enum CredentialError {
-    /// The referenced Secret does not exist.
-    #[error("the Secret {name:?} does not exist")]
-    SecretNotFound {
-        /// The Secret's name.
-        name: String,
-    },
-    /// Anything else (a missing key, a malformed key, the API); the message
-    /// carries no secret.
-    #[error("credentials from the Secret {name:?}: {message}")]
-    Unusable {
-        /// The Secret's name.
-        name: String,
-        /// What is wrong.
-        message: String,
-    },
-}
-
-/// Where the controller gets the Actions client of a scale set, from the
-/// Secret its spec references. Production: the shared
-/// `credentials::ActionsClients` cache (one client per credential,
-/// rebuilt when the Secret rotates); the trait keeps this controller
-/// independent of how that cache is built.
-pub trait ActionsClientSource: Send + Sync + 'static {
-    /// The client for `set`.
-    fn client(
-        &self,
-        set: &AutoscalingRunnerSet,
-    ) -> impl Future<Output = Result<ActionsClient, CredentialError>> + Send;
-}
-
 /// What can go wrong in a reconcile; every variant is retried.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -108,9 +73,9 @@ pub enum Error {
         #[source]
         source: ActionsError,
     },
-    /// No client could be had.
+    /// No Actions client could be had for the set's credentials.
     #[error(transparent)]
-    Credentials(#[from] CredentialError),
+    Credentials(#[from] CredentialsError),
     /// The pod-validation policy could not decide.
     #[error("pod validation: {0}")]
     Policy(#[from] crate::policy::PolicyError),
@@ -148,21 +113,4 @@ pub fn github_target(set: &AutoscalingRunnerSet) -> GitHubTarget {
         spec.proxy.as_ref(),
         spec.github_server_tls.as_ref(),
     )
-}
-
-/// The production source: the shared cache, keyed by target and the
-/// Secret's version.
-impl ActionsClientSource for ActionsClients {
-    async fn client(&self, set: &AutoscalingRunnerSet) -> Result<ActionsClient, CredentialError> {
-        let name = set.spec.github_config_secret.clone();
-        self.get(&github_target(set))
-            .await
-            .map_err(|error| match error {
-                CredentialsError::SecretNotFound { .. } => CredentialError::SecretNotFound { name },
-                other => CredentialError::Unusable {
-                    name,
-                    message: other.to_string(),
-                },
-            })
-    }
 }

@@ -23,6 +23,7 @@ use crate::api::{
     EphemeralRunnerSetPhase, EphemeralRunnerSpec, labels,
 };
 use crate::controllers::metrics::ControllerMetrics;
+use crate::credentials::{ActionsClientSource, CredentialsError};
 use crate::policy::loader::{LoadedPolicy, PolicyLoader, PolicyRef};
 use crate::policy::types::{PodValidationInput, Violation};
 use crate::policy::{PolicyKind, PolicyReporter};
@@ -32,9 +33,8 @@ use super::plan::{
     RunnerSetObserved, RunnerSetStep, StatusOutcome, TemplateVerdict,
 };
 use super::{
-    ActionsClientSource, CONTROLLER, CredentialError, DELETION_CONDITION, Error, FIELD_MANAGER,
-    FINALIZER, FORCE_DELETE_ANNOTATION, ListenerConfig, ListenerControl, SCALE_SET_ID_ANNOTATION,
-    TEMPLATE_CONDITION, watch,
+    CONTROLLER, DELETION_CONDITION, Error, FIELD_MANAGER, FINALIZER, FORCE_DELETE_ANNOTATION,
+    ListenerConfig, ListenerControl, SCALE_SET_ID_ANNOTATION, TEMPLATE_CONDITION, watch,
 };
 
 /// How often a settled scale set is looked at again anyway.
@@ -282,7 +282,7 @@ async fn reconcile_set<L: ListenerControl, S: ActionsClientSource>(
             mark_pending(&apis.sets, &name).await?;
             pending_written = true;
         }
-        let client = context.actions.client(&set).await?;
+        let client = context.actions.client(&super::github_target(&set)).await?;
         let id = sync_scale_set(&client, &set, observed.scale_set_id).await?;
         if observed.scale_set_id != Some(id) {
             let patch =
@@ -922,9 +922,9 @@ async fn delete<L: ListenerControl, S: ActionsClientSource>(
                 return Ok(Action::requeue(DELETION_POLL));
             }
             DeletionStep::DeleteScaleSet(id) => {
-                let client = match context.actions.client(set).await {
+                let client = match context.actions.client(&super::github_target(set)).await {
                     Ok(client) => client,
-                    Err(CredentialError::SecretNotFound { .. }) => {
+                    Err(CredentialsError::SecretNotFound { .. }) => {
                         // Gone between the look and the call: the next
                         // pass sees it and says so.
                         return Ok(Action::requeue(DELETION_POLL));
