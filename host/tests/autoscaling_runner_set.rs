@@ -7,13 +7,15 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arcwright::api::autoscaling_runner_set::{
+    AutoscalingRunnerSetCondition, AutoscalingRunnerSetEvent, DeletionBlockedReason,
+};
 use arcwright::api::{
     AutoscalingRunnerSet, AutoscalingRunnerSetPhase, EphemeralRunner, EphemeralRunnerSet,
-    EphemeralRunnerSetPhase, labels,
+    EphemeralRunnerSetPhase, annotations, finalizers, labels,
 };
 use arcwright::controllers::autoscaling_runner_set::{
-    self as controller, CONTROLLER, Context, FINALIZER, FORCE_DELETE_ANNOTATION, InMemoryListeners,
-    ListenerEvent, SCALE_SET_ID_ANNOTATION, TEMPLATE_CONDITION,
+    self as controller, CONTROLLER, Context, InMemoryListeners, ListenerEvent,
 };
 use arcwright::controllers::kit::Synced;
 use arcwright::controllers::metrics::ControllerMetrics;
@@ -33,6 +35,8 @@ use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(30);
 const NAME: &str = "linux";
+const TEMPLATE_CONDITION: &str = AutoscalingRunnerSetCondition::PodTemplateAccepted.as_str();
+const DELETION_CONDITION: &str = AutoscalingRunnerSetCondition::DeletionBlocked.as_str();
 
 struct Harness {
     env: TestEnv,
@@ -269,10 +273,13 @@ async fn scale_set_goes_from_nothing_to_registered_in_the_service() {
         .runner_scale_set_id
         .expect("the id in status");
     assert_eq!(
-        set.annotations().get(SCALE_SET_ID_ANNOTATION),
+        set.annotations().get(annotations::SCALE_SET_ID),
         Some(&id.to_string())
     );
-    assert!(set.finalizers().contains(&FINALIZER.to_string()));
+    assert!(
+        set.finalizers()
+            .contains(&finalizers::AUTOSCALING_RUNNER_SET.name.to_string())
+    );
     let registered = h.fake.control().scale_sets();
     assert_eq!(registered.len(), 1, "one scale set: {registered:?}");
     assert_eq!(registered[0].id as i64, id);
@@ -338,13 +345,14 @@ async fn rejected_pod_template_creates_nothing_and_recovers_when_fixed() {
     assert!(h.listeners.history().is_empty(), "no listener");
     let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(h.env.client(), h.env.namespace());
+    let rejected = AutoscalingRunnerSetEvent::PodTemplateRejected.as_str();
     let event = tokio::time::timeout(WAIT, async {
         loop {
             let list = events.list(&Default::default()).await.unwrap();
             if let Some(event) = list
                 .items
                 .into_iter()
-                .find(|e| e.reason.as_deref() == Some("PodTemplateRejected"))
+                .find(|e| e.reason.as_deref() == Some(rejected))
             {
                 return event;
             }
@@ -703,11 +711,9 @@ async fn deletion_with_the_secret_gone_says_why_and_an_annotation_forces_it() {
 
     let set = h
         .set_until("the deletion is blocked", |set| {
-            set.status.as_ref().is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .any(|c| c.type_ == controller::DELETION_CONDITION)
-            })
+            set.status
+                .as_ref()
+                .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == DELETION_CONDITION))
         })
         .await;
     let condition = set
@@ -716,12 +722,15 @@ async fn deletion_with_the_secret_gone_says_why_and_an_annotation_forces_it() {
         .unwrap()
         .conditions
         .iter()
-        .find(|c| c.type_ == controller::DELETION_CONDITION)
+        .find(|c| c.type_ == DELETION_CONDITION)
         .unwrap()
         .clone();
-    assert_eq!(condition.reason, "SecretMissing");
+    assert_eq!(
+        condition.reason,
+        DeletionBlockedReason::SecretMissing.as_str()
+    );
     assert!(
-        condition.message.contains(FORCE_DELETE_ANNOTATION),
+        condition.message.contains(annotations::FORCE_DELETE),
         "{}",
         condition.message
     );
@@ -734,7 +743,9 @@ async fn deletion_with_the_secret_gone_says_why_and_an_annotation_forces_it() {
         .patch(
             NAME,
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {FORCE_DELETE_ANNOTATION: "true"}}})),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {annotations::FORCE_DELETE: "true"}}}),
+            ),
         )
         .await
         .unwrap();

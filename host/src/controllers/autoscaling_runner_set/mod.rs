@@ -2,10 +2,13 @@
 //! Actions service, one EphemeralRunnerSet carrying its runner spec, one
 //! listener acquiring its jobs.
 //!
-//! The shape is observe, [`plan`](plan::plan), apply: the reconcile reads
-//! the object, its EphemeralRunnerSet, its listener and the pod-validation
-//! verdict; the pure planner decides (seed 004's rules live there, in
-//! tables); [`reconcile`] applies the answer with one field manager.
+//! The shape is [`observe`], [`plan`](plan::plan), [`apply`]: the reconcile
+//! reads the object, its EphemeralRunnerSet, its listener and the
+//! pod-validation verdict; the pure planner decides (seed 004's rules live
+//! there, in tables), asking for what costs a call to know with a
+//! [`plan::Need`] that is answered before it plans again; the steps are
+//! applied with one field manager. A deletion goes the same way through
+//! [`plan::plan_deletion`].
 //!
 //! What it deliberately does not do: it never deletes its
 //! EphemeralRunnerSet to recover from Outdated (that churned the scale set
@@ -13,44 +16,44 @@
 //! and never registers anything for a template the pod-validation policy
 //! refused.
 
+mod apply;
+mod observe;
 pub mod plan;
-pub mod reconcile;
 pub mod watch;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Resource, ResourceExt};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
 use crate::actions::ActionsError;
-use crate::api::AutoscalingRunnerSet;
-use crate::credentials::{CredentialsError, GitHubTarget};
+use crate::api::{AutoscalingRunnerSet, EphemeralRunnerSet, finalizers};
+use crate::controllers::kit::{self, ErrorLabel, Publisher, finalizer};
+use crate::controllers::metrics::ControllerMetrics;
+use crate::credentials::{ActionsClientSource, CredentialsError, GitHubTarget};
+use crate::policy::PolicyReporter;
+use crate::policy::loader::{LoadedPolicy, PolicyLoader, PolicyRef};
 
 pub use crate::listener::control::{
     InMemoryListeners, ListenerConfig, ListenerControl, ListenerEvent, StartError,
 };
-pub use reconcile::{Context, reconcile, run};
 
-/// The finalizer that holds the object until its listener, runners and
-/// scale set are gone.
-pub const FINALIZER: &str = "autoscalingrunnerset.arcwright.dev/finalizer";
+use apply::Applied;
+use observe::{Apis, Observation};
+use plan::{Then, plan_deletion};
 
 /// The controller's name in metrics.
 pub const CONTROLLER: &str = "autoscaling-runner-set";
 
-/// The field manager of every write this controller makes.
-pub const FIELD_MANAGER: &str = "arcwright-autoscaling-runner-set";
-
-/// The scale set's id, also kept in an annotation as ARC does: the status
-/// is lost when objects are restored from a backup, the annotation is not,
-/// and a lost id would register a second scale set.
-pub const SCALE_SET_ID_ANNOTATION: &str = "arcwright.dev/runner-scale-set-id";
-
-/// Set to `"true"` to let a deletion finish without deleting the scale set
-/// in the Actions service when its credentials Secret is gone.
-pub const FORCE_DELETE_ANNOTATION: &str = "arcwright.dev/force-delete";
-
-/// The condition saying whether the pod-validation policy accepts the
-/// template.
-pub const TEMPLATE_CONDITION: &str = "PodTemplateAccepted";
-
-/// The condition saying why a deletion does not finish.
-pub const DELETION_CONDITION: &str = "DeletionBlocked";
+/// How soon a failed reconcile is retried.
+const RETRY: Duration = Duration::from_secs(5);
 
 /// What can go wrong in a reconcile; every variant is retried.
 #[derive(Debug, thiserror::Error)]
@@ -87,12 +90,11 @@ pub enum Error {
     Incomplete(&'static str),
 }
 
-impl Error {
-    /// A short label for metrics and logs.
-    pub fn metric_label(&self) -> &'static str {
+impl ErrorLabel for Error {
+    fn label(&self) -> &'static str {
         match self {
-            Self::Kube { .. } => "kube",
-            Self::Actions { .. } => "actions",
+            Self::Kube { source, .. } => kit::kube_label(source),
+            Self::Actions { source, .. } => source.metric_label(),
             Self::Credentials(_) => "credentials",
             Self::Policy(_) => "policy",
             Self::Listener(_) => "listener",
@@ -101,10 +103,93 @@ impl Error {
     }
 }
 
+/// What the reconciler needs: the API client, the listeners, the Actions
+/// clients and the pod-validation policies.
+pub struct Context<L, S> {
+    client: kube::Client,
+    listeners: L,
+    actions: S,
+    policies: PolicyLoader,
+    reporter: Arc<dyn PolicyReporter>,
+    events: Publisher,
+    metrics: ControllerMetrics,
+    /// One loaded pod-validation policy per scale set, kept while its
+    /// reference is unchanged, so a ConfigMap-backed policy is watched once
+    /// and not reloaded on every reconcile.
+    validators: Mutex<HashMap<(String, String), Validator>>,
+    /// When each scale set's copied runner counts last changed.
+    counts_changed: Mutex<HashMap<(String, String), Instant>>,
+}
+
+/// A loaded pod-validation policy and the reference it was loaded for.
+type Validator = (Option<PolicyRef>, Arc<LoadedPolicy>);
+
+impl<L: ListenerControl, S: ActionsClientSource> Context<L, S> {
+    /// A context; `reporter` hears about policies that fail to load.
+    pub fn new(
+        client: kube::Client,
+        listeners: L,
+        actions: S,
+        policies: PolicyLoader,
+        reporter: Arc<dyn PolicyReporter>,
+    ) -> Self {
+        Self {
+            events: Publisher::new(client.clone(), CONTROLLER),
+            client,
+            listeners,
+            actions,
+            policies,
+            reporter,
+            metrics: ControllerMetrics::default(),
+            validators: Mutex::default(),
+            counts_changed: Mutex::default(),
+        }
+    }
+
+    /// Reports reconcile durations and errors in `metrics` (the process's
+    /// registered ones) instead of unregistered ones.
+    pub fn with_metrics(mut self, metrics: ControllerMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The metrics reconciles report to.
+    pub fn metrics(&self) -> &ControllerMetrics {
+        &self.metrics
+    }
+
+    /// The listeners this controller starts and stops.
+    pub fn listeners(&self) -> &L {
+        &self.listeners
+    }
+}
+
+impl<L, S> Context<L, S> {
+    /// Remembers that `namespace/name`'s runner counts moved now.
+    fn note_counts_moved(&self, namespace: &str, name: &str) {
+        self.counts_changed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert((namespace.to_owned(), name.to_owned()), Instant::now());
+    }
+
+    /// Forgets what is remembered of a scale set that is gone.
+    fn forget(&self, namespace: &str, name: &str) {
+        let key = (namespace.to_owned(), name.to_owned());
+        self.validators
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&key);
+        self.counts_changed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&key);
+    }
+}
+
 /// Where `set`'s GitHub configuration lives, for the shared credentials
 /// cache.
 pub fn github_target(set: &AutoscalingRunnerSet) -> GitHubTarget {
-    use kube::ResourceExt;
     let spec = &set.spec;
     super::github_target(
         &set.namespace().unwrap_or_default(),
@@ -113,4 +198,144 @@ pub fn github_target(set: &AutoscalingRunnerSet) -> GitHubTarget {
         spec.proxy.as_ref(),
         spec.github_server_tls.as_ref(),
     )
+}
+
+/// Runs the controller until `shutdown` resolves: every
+/// AutoscalingRunnerSet in `namespace` (all when `None`), woken by its own
+/// updates and by the updates of its EphemeralRunnerSet that change what
+/// it reads ([`watch`]). `synced` hears when the sets are listed.
+pub async fn run<L: ListenerControl, S: ActionsClientSource>(
+    context: Arc<Context<L, S>>,
+    namespace: Option<&str>,
+    shutdown: CancellationToken,
+    synced: kit::Synced,
+) {
+    let client = context.client.clone();
+    let (sets, runner_sets): (Api<AutoscalingRunnerSet>, Api<EphemeralRunnerSet>) = match namespace
+    {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client, ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client)),
+    };
+    let metrics = context.metrics.clone();
+    let owned = watch::filtered(
+        watcher::watcher(runner_sets, watcher::Config::default()),
+        move |delivered| metrics.owned_update(CONTROLLER, delivered),
+    );
+    let (reader, writer) = reflector::store();
+    let (events, listed) = synced.on_listed(
+        watcher::watcher(sets, watcher::Config::default())
+            .default_backoff()
+            .reflect(writer),
+    );
+    let controller = Controller::for_stream(events.applied_objects(), reader)
+        .owns_stream(owned)
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::warn!(%error, "autoscaling runner set reconcile failed");
+            }
+        });
+    kit::until_shutdown(controller, &shutdown, listed).await;
+}
+
+fn error_policy<L: ListenerControl, S: ActionsClientSource>(
+    set: Arc<AutoscalingRunnerSet>,
+    error: &Error,
+    context: Arc<Context<L, S>>,
+) -> Action {
+    context.metrics.error(CONTROLLER, error.label());
+    tracing::warn!(
+        name = %set.name_any(),
+        namespace = set.namespace().unwrap_or_default(),
+        kind = error.label(),
+        %error,
+        "reconcile failed; retrying"
+    );
+    Action::requeue(RETRY)
+}
+
+/// One reconcile of one AutoscalingRunnerSet.
+pub async fn reconcile<L: ListenerControl, S: ActionsClientSource>(
+    set: Arc<AutoscalingRunnerSet>,
+    context: Arc<Context<L, S>>,
+) -> Result<Action, Error> {
+    let span = tracing::info_span!(
+        "reconcile",
+        namespace = set.namespace().unwrap_or_default(),
+        name = set.name_any()
+    );
+    let _timer = context.metrics.time(CONTROLLER);
+    async move {
+        let namespace = set.namespace().ok_or(Error::Incomplete("namespace"))?;
+        let apis = Apis::new(&context.client, &namespace);
+        if set.meta().deletion_timestamp.is_some() {
+            delete(&set, &context, &apis).await
+        } else {
+            live(set, &context, &apis).await
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// A live set: observe, plan, apply, and again while the plan asks.
+async fn live<L: ListenerControl, S: ActionsClientSource>(
+    set: Arc<AutoscalingRunnerSet>,
+    context: &Context<L, S>,
+    apis: &Apis,
+) -> Result<Action, Error> {
+    let mut observation = Observation::read(set, context, apis).await?;
+    // Each need is asked once, so this ends after at most four rounds.
+    for _ in 0..4 {
+        let plan = plan::plan(&observation.observed);
+        let applied = apply::apply(
+            plan.steps,
+            &observation.set,
+            &mut observation.client,
+            context,
+            apis,
+        )
+        .await?;
+        if applied == Applied::SecretGone {
+            return Ok(Action::requeue(RETRY));
+        }
+        match plan.then {
+            Then::LookAgainIn(after) => return Ok(Action::requeue(after)),
+            Then::Ask(need) => {
+                if !observation.answer(need).await? {
+                    return Ok(Action::await_change());
+                }
+            }
+        }
+    }
+    // Unreachable with a well-formed plan; answered as "look again".
+    Ok(Action::requeue(RETRY))
+}
+
+/// A deleting set: observe, [`plan_deletion`], apply; a set that no longer
+/// holds the finalizer has nothing of ours left to release.
+async fn delete<L: ListenerControl, S: ActionsClientSource>(
+    set: &AutoscalingRunnerSet,
+    context: &Context<L, S>,
+    apis: &Apis,
+) -> Result<Action, Error> {
+    if !finalizer::held(set, &finalizers::AUTOSCALING_RUNNER_SET) {
+        return Ok(Action::await_change());
+    }
+    let observed = observe::deletion(set, context, apis).await?;
+    let plan = plan_deletion(&observed);
+    if apply::apply(plan.steps, set, &mut None, context, apis).await? == Applied::SecretGone {
+        return Ok(Action::requeue(plan::DELETION_POLL));
+    }
+    if let plan::Deletion::Waits(why) = &plan.then {
+        tracing::debug!(%why, "deletion waits");
+    }
+    Ok(plan
+        .then
+        .look_again()
+        .map_or_else(Action::await_change, Action::requeue))
 }

@@ -1,0 +1,478 @@
+//! Reading an AutoscalingRunnerSet and what it owns into an [`Observed`]
+//! (the set, its EphemeralRunnerSet, its listener, the pod-validation
+//! verdict), and answering the plan's [`Need`]s: the API server's copy of
+//! the set, the scale set the Actions service holds, and its registration.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+
+use super::apply::{actions_err, kube_err};
+use super::plan::{
+    DeletionObserved, Need, Observed, RunnerCounts, RunnerObserved, RunnerSetObserved,
+    RunnerSetState, ServiceScaleSet, TemplateVerdict,
+};
+use super::{Context, Error, github_target};
+use crate::actions::{ActionsClient, ActionsError};
+use crate::api::{
+    AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet, EphemeralRunnerSetPhase,
+    EphemeralRunnerSpec, annotations, finalizers, labels,
+};
+use crate::controllers::kit::finalizer;
+use crate::credentials::{ActionsClientSource, CredentialsError};
+use crate::listener::control::{ListenerConfig, ListenerControl};
+use crate::policy::PolicyKind;
+use crate::policy::types::PodValidationInput;
+
+/// The API of each kind the controller reads and writes, in the set's
+/// namespace.
+pub(super) struct Apis {
+    pub sets: Api<AutoscalingRunnerSet>,
+    pub runner_sets: Api<EphemeralRunnerSet>,
+    pub runners: Api<EphemeralRunner>,
+    pub secrets: Api<Secret>,
+}
+
+impl Apis {
+    pub fn new(client: &kube::Client, namespace: &str) -> Self {
+        Self {
+            sets: Api::namespaced(client.clone(), namespace),
+            runner_sets: Api::namespaced(client.clone(), namespace),
+            runners: Api::namespaced(client.clone(), namespace),
+            secrets: Api::namespaced(client.clone(), namespace),
+        }
+    }
+}
+
+/// One reconcile's reading of a live set: the copy being acted on, what
+/// was read with it, and the [`Observed`] the plan decides from.
+pub(super) struct Observation<'a, L, S> {
+    context: &'a Context<L, S>,
+    apis: &'a Apis,
+    /// The copy of the set the steps act on: the watch's, or the API
+    /// server's once [`Need::FreshCopy`] is answered.
+    pub set: Arc<AutoscalingRunnerSet>,
+    /// Read once: a fresh copy of the set does not read it again.
+    runner_set: Option<EphemeralRunnerSet>,
+    /// The verdict on `set`'s template, kept for a fresh copy of the same
+    /// generation (the same template).
+    verdict: TemplateVerdict,
+    /// The Actions client, once the service was asked.
+    pub client: Option<ActionsClient>,
+    /// What the plan decides from.
+    pub observed: Observed,
+}
+
+impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
+    /// Reads `set`'s EphemeralRunnerSet, its listener and the verdict on its
+    /// template.
+    pub async fn read(
+        set: Arc<AutoscalingRunnerSet>,
+        context: &'a Context<L, S>,
+        apis: &'a Apis,
+    ) -> Result<Self, Error> {
+        let verdict = validate(&set, context).await?;
+        let runner_set = apis
+            .runner_sets
+            .get_opt(&set.name_any())
+            .await
+            .map_err(kube_err("reading the EphemeralRunnerSet"))?;
+        let observed = observed(&set, runner_set.as_ref(), context, verdict.clone());
+        Ok(Self {
+            context,
+            apis,
+            set,
+            runner_set,
+            verdict,
+            client: None,
+            observed,
+        })
+    }
+
+    /// Answers `need` into the [`Observed`]; `false` when the set turns out
+    /// to be deleted or gone, and the reconcile stops (the event that says
+    /// so is queued behind it, and the controller runs it next).
+    pub async fn answer(&mut self, need: Need) -> Result<bool, Error> {
+        match need {
+            Need::FreshCopy => return self.fresh_copy().await,
+            Need::ScaleSet => {
+                let found = self.scale_set_in_service().await?;
+                self.observed.service = Some(found);
+            }
+            Need::Registration(scale_set) => {
+                let client = self.client().await?;
+                let created = client
+                    .create_runner_scale_set(&scale_set)
+                    .await
+                    .map_err(actions_err("creating the scale set"))?;
+                tracing::info!(id = created.id, "registered the scale set");
+                self.observed.service = Some(ServiceScaleSet::Registered { id: created.id });
+            }
+        }
+        Ok(true)
+    }
+
+    /// The API server's copy of the set (a quorum read). The same version
+    /// as the watch's changes nothing; another one is observed again,
+    /// keeping the verdict when the generation (so the template) is the
+    /// same and the EphemeralRunnerSet read a moment ago.
+    async fn fresh_copy(&mut self) -> Result<bool, Error> {
+        let fresh = self
+            .apis
+            .sets
+            .get_opt(&self.set.name_any())
+            .await
+            .map_err(kube_err("reading the AutoscalingRunnerSet"))?;
+        match fresh {
+            Some(fresh) if fresh.resource_version() == self.set.resource_version() => {}
+            Some(fresh) if fresh.metadata.deletion_timestamp.is_some() => return Ok(false),
+            None => return Ok(false),
+            Some(fresh) => {
+                if fresh.metadata.generation != self.set.metadata.generation {
+                    self.verdict = validate(&fresh, self.context).await?;
+                }
+                self.set = Arc::new(fresh);
+                self.observed = observed(
+                    &self.set,
+                    self.runner_set.as_ref(),
+                    self.context,
+                    self.verdict.clone(),
+                );
+            }
+        }
+        self.observed.from_api_server = true;
+        Ok(true)
+    }
+
+    /// The client for the set's credentials, got once a reconcile.
+    async fn client(&mut self) -> Result<ActionsClient, Error> {
+        Ok(actions_client(self.context, &self.set, &mut self.client).await?)
+    }
+
+    /// The scale set the service holds for the set: by its recorded id
+    /// when known (so a group change moves it rather than registering a
+    /// second one), else by name in the runner group.
+    async fn scale_set_in_service(&mut self) -> Result<ServiceScaleSet, Error> {
+        let client = self.client().await?;
+        let group_id = match self.set.spec.runner_group.as_deref() {
+            Some(group) if !group.is_empty() => {
+                client
+                    .get_runner_group_by_name(group)
+                    .await
+                    .map_err(actions_err("resolving the runner group"))?
+                    .id
+            }
+            _ => 1,
+        };
+        if let Some(id) = self.observed.scale_set_id {
+            match client.get_runner_scale_set_by_id(id).await {
+                Ok(scale_set) => {
+                    return Ok(ServiceScaleSet::Found {
+                        group_id,
+                        scale_set: Box::new(scale_set),
+                    });
+                }
+                Err(ActionsError::ScaleSetNotFound { .. }) => {}
+                Err(error) => return Err(actions_err("reading the scale set")(error)),
+            }
+        }
+        let by_name = client
+            .get_runner_scale_set(group_id, &self.observed.scale_set_name)
+            .await
+            .map_err(actions_err("looking the scale set up by name"))?;
+        Ok(match by_name {
+            Some(scale_set) => ServiceScaleSet::Found {
+                group_id,
+                scale_set: Box::new(scale_set),
+            },
+            None => ServiceScaleSet::Absent { group_id },
+        })
+    }
+}
+
+/// The Actions client for `set`'s credentials, got once a pass: `cached`
+/// holds it after the first call.
+pub(super) async fn actions_client<L, S: ActionsClientSource>(
+    context: &Context<L, S>,
+    set: &AutoscalingRunnerSet,
+    cached: &mut Option<ActionsClient>,
+) -> Result<ActionsClient, CredentialsError> {
+    if let Some(client) = cached {
+        return Ok(client.clone());
+    }
+    let client = context.actions.client(&github_target(set)).await?;
+    *cached = Some(client.clone());
+    Ok(client)
+}
+
+/// What the plan decides from, for `set` as it is now.
+fn observed<L: ListenerControl, S>(
+    set: &AutoscalingRunnerSet,
+    runner_set: Option<&EphemeralRunnerSet>,
+    context: &Context<L, S>,
+    template: TemplateVerdict,
+) -> Observed {
+    let mut status = set.status.clone().unwrap_or_default();
+    // The listener's fields are the listener's: left out of the comparison
+    // and of the patch, so a status written here never undoes one the
+    // listener wrote meanwhile.
+    status.listener = None;
+    status.scaling = None;
+    let id = scale_set_id(set);
+    let namespace = set.namespace().unwrap_or_default();
+    let name = set.name_any();
+    let counts_moved_ago = context
+        .counts_changed
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .get(&(namespace.clone(), name.clone()))
+        .map(Instant::elapsed);
+    Observed {
+        generation: set.metadata.generation.unwrap_or(0),
+        status,
+        has_finalizer: finalizer::held(set, &finalizers::AUTOSCALING_RUNNER_SET),
+        template,
+        scale_set_id: id,
+        scale_set_name: scale_set_name(set),
+        scale_set_labels: set.spec.runner_scale_set_labels.clone(),
+        desired_runner_spec: desired_runner_spec(set, id.unwrap_or(0)),
+        desired_runner_metadata: set.spec.ephemeral_runner_metadata.clone(),
+        desired_runner_set_labels: desired_runner_set_labels(set),
+        desired_runner_set_annotations: set
+            .spec
+            .ephemeral_runner_set_metadata
+            .as_ref()
+            .and_then(|meta| meta.annotations.clone())
+            .unwrap_or_default(),
+        runner_set: runner_set.map(|runner_set| RunnerSetObserved {
+            labels: runner_set.labels().clone(),
+            spec: runner_set.spec.clone(),
+            phase: runner_set
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .unwrap_or(EphemeralRunnerSetPhase::Running),
+            applied_revision: runner_set
+                .status
+                .as_ref()
+                .map_or(0, |s| s.applied_actionable_revision),
+        }),
+        runner_counts: runner_set
+            .and_then(|r| r.status.as_ref())
+            .map(|counts| RunnerCounts {
+                current: counts.current_replicas,
+                pending: counts.pending_ephemeral_runners,
+                running: counts.running_ephemeral_runners,
+                failed: counts.failed_ephemeral_runners,
+            }),
+        listener: context.listeners.running(&namespace, &name),
+        desired_listener: desired_listener(set, id.unwrap_or(0)),
+        from_api_server: false,
+        service: None,
+        counts_moved_ago,
+        now: jiff::Timestamp::now(),
+    }
+}
+
+/// The scale set id: the status, or the annotation when the status was
+/// lost.
+fn scale_set_id(set: &AutoscalingRunnerSet) -> Option<i64> {
+    set.status
+        .as_ref()
+        .and_then(|s| s.runner_scale_set_id)
+        .or_else(|| {
+            set.annotations()
+                .get(annotations::SCALE_SET_ID)
+                .and_then(|id| id.parse().ok())
+        })
+        .filter(|id| *id > 0)
+}
+
+fn scale_set_name(set: &AutoscalingRunnerSet) -> String {
+    set.spec
+        .runner_scale_set_name
+        .clone()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| set.name_any())
+}
+
+fn desired_runner_spec(set: &AutoscalingRunnerSet, id: i64) -> EphemeralRunnerSpec {
+    let spec = &set.spec;
+    EphemeralRunnerSpec {
+        github_config_url: spec.github_config_url.clone(),
+        github_config_secret: spec.github_config_secret.clone(),
+        runner_scale_set_id: id,
+        proxy: spec.proxy.clone(),
+        proxy_secret_ref: None,
+        github_server_tls: spec.github_server_tls.clone(),
+        ephemeral_runner_config_secret_metadata: spec
+            .ephemeral_runner_config_secret_metadata
+            .clone(),
+        policies: spec.policies.clone(),
+        debug: spec.debug.clone(),
+        max_idle_age: spec.max_idle_age.clone(),
+        metadata: spec.template.metadata.clone(),
+        spec: spec.template.spec.clone().unwrap_or_default(),
+    }
+}
+
+fn desired_listener(set: &AutoscalingRunnerSet, id: i64) -> ListenerConfig {
+    ListenerConfig {
+        namespace: set.namespace().unwrap_or_default(),
+        name: set.name_any(),
+        uid: set.uid(),
+        runner_set_name: set.name_any(),
+        scale_set_id: id,
+        github: github_target(set),
+        min_runners: set.spec.min_runners.unwrap_or(0),
+        max_runners: set.spec.max_runners,
+        scale_set_labels: set.spec.runner_scale_set_labels.clone(),
+        labels: set.labels().clone(),
+        scaling_policy: set.spec.policies.scaling_policy.clone(),
+        holds_failures: set
+            .spec
+            .debug
+            .as_ref()
+            .is_some_and(|debug| debug.hold_failed_for.is_some()),
+    }
+}
+
+fn desired_runner_set_labels(set: &AutoscalingRunnerSet) -> BTreeMap<String, String> {
+    let mut wanted: BTreeMap<String, String> = set
+        .spec
+        .ephemeral_runner_set_metadata
+        .as_ref()
+        .and_then(|meta| meta.labels.clone())
+        .unwrap_or_default();
+    wanted.insert(labels::SCALE_SET_NAME.into(), set.name_any());
+    wanted.insert(
+        labels::SCALE_SET_NAMESPACE.into(),
+        set.namespace().unwrap_or_default(),
+    );
+    wanted.insert(labels::COMPONENT.into(), "runner-set".into());
+    wanted.insert(labels::PART_OF.into(), labels::ARCWRIGHT.into());
+    wanted
+}
+
+/// Runs the pod-validation policy on the template. The loaded policy is
+/// kept per scale set while its reference is unchanged, so a
+/// ConfigMap-backed policy is watched once and not reloaded on every
+/// reconcile.
+async fn validate<L, S>(
+    set: &AutoscalingRunnerSet,
+    context: &Context<L, S>,
+) -> Result<TemplateVerdict, Error> {
+    let namespace = set.namespace().unwrap_or_default();
+    let reference = set.spec.policies.pod_validation_policy.clone();
+    let key = (namespace.clone(), set.name_any());
+    let cached = context
+        .validators
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .get(&key)
+        .filter(|(loaded_for, _)| *loaded_for == reference)
+        .map(|(_, loaded)| Arc::clone(loaded));
+    let loaded = match cached {
+        Some(loaded) => loaded,
+        None => {
+            let loaded = Arc::new(
+                context
+                    .policies
+                    .load(
+                        PolicyKind::PodValidation,
+                        &namespace,
+                        reference.as_ref(),
+                        Arc::clone(&context.reporter),
+                    )
+                    .await?,
+            );
+            context
+                .validators
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .insert(key, (reference, Arc::clone(&loaded)));
+            loaded
+        }
+    };
+    let template = serde_json::to_value(&set.spec.template).unwrap_or_default();
+    let decided = loaded
+        .decider()
+        .pod_validation(PodValidationInput { template })
+        .await?;
+    Ok(if decided.decision.violations.is_empty() {
+        TemplateVerdict::Accepted
+    } else {
+        TemplateVerdict::Rejected(decided.decision.violations)
+    })
+}
+
+/// What [`super::plan::plan_deletion`] decides from: the EphemeralRunnerSet,
+/// the runners of the set (by label, or owned by the EphemeralRunnerSet),
+/// whether the credentials Secret exists, and the listener.
+pub(super) async fn deletion<L: ListenerControl, S>(
+    set: &AutoscalingRunnerSet,
+    context: &Context<L, S>,
+    apis: &Apis,
+) -> Result<DeletionObserved, Error> {
+    let namespace = set.namespace().unwrap_or_default();
+    let name = set.name_any();
+    let runner_set = apis
+        .runner_sets
+        .get_opt(&name)
+        .await
+        .map_err(kube_err("reading the EphemeralRunnerSet"))?;
+    let owner_uid = runner_set.as_ref().and_then(|r| r.uid());
+    let runners = apis
+        .runners
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_err("listing the runners"))?
+        .items
+        .into_iter()
+        .filter(|runner| {
+            runner.labels().get(labels::SCALE_SET_NAME) == Some(&name)
+                || runner
+                    .owner_references()
+                    .iter()
+                    .any(|owner| Some(&owner.uid) == owner_uid.as_ref())
+        })
+        .map(|runner| RunnerObserved {
+            name: runner.name_any(),
+            busy: runner.status.as_ref().is_some_and(|s| s.has_job()),
+            deleting: runner.metadata.deletion_timestamp.is_some(),
+        })
+        .collect();
+    let secret_name = set.spec.github_config_secret.clone();
+    let secret_present = apis
+        .secrets
+        .get_metadata_opt(&secret_name)
+        .await
+        .map_err(kube_err("reading the credentials Secret"))?
+        .is_some();
+    Ok(DeletionObserved {
+        listener_running: context.listeners.running(&namespace, &name).is_some(),
+        runner_set: runner_set.as_ref().map(|r| RunnerSetState {
+            pinned: r.spec.replicas == 0 && r.spec.patch_id == 0,
+            deleting: r.metadata.deletion_timestamp.is_some(),
+        }),
+        runners,
+        scale_set_id: scale_set_id(set),
+        secret_present,
+        secret_name,
+        force: set
+            .annotations()
+            .get(annotations::FORCE_DELETE)
+            .is_some_and(|v| v == "true"),
+        conditions: set
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default(),
+        generation: set.metadata.generation,
+        now: jiff::Timestamp::now(),
+    })
+}
