@@ -22,7 +22,7 @@ use arcwright::controllers::metrics::ControllerMetrics;
 use arcwright::credentials::ActionsClients;
 use arcwright::policy::reporter::RecordingReporter;
 use arcwright::policy::{EngineConfig, PolicyEngine, loader::PolicyLoader};
-use arcwright_harness::TestEnv;
+use arcwright_harness::{TestEnv, eventually};
 use fake_actions::{FakeActions, FakeConfig};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
@@ -346,21 +346,13 @@ async fn rejected_pod_template_creates_nothing_and_recovers_when_fixed() {
     let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(h.env.client(), h.env.namespace());
     let rejected = AutoscalingRunnerSetEvent::PodTemplateRejected.as_str();
-    let event = tokio::time::timeout(WAIT, async {
-        loop {
-            let list = events.list(&Default::default()).await.unwrap();
-            if let Some(event) = list
-                .items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some(rejected))
-            {
-                return event;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    let event = eventually("a rejection event", WAIT, || async {
+        let list = events.list(&Default::default()).await.unwrap();
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(rejected))
     })
-    .await
-    .expect("a rejection event");
+    .await;
     assert!(event.note.unwrap_or_default().contains("privileged"));
 
     h.sets()
@@ -758,19 +750,52 @@ async fn deletion_with_the_secret_gone_says_why_and_an_annotation_forces_it() {
 }
 
 #[tokio::test]
+async fn a_set_finalized_under_the_former_finalizer_name_is_still_cleaned_up() {
+    let h = Harness::start("ars-former-finalizer").await;
+    h.running(template(json!(null))).await;
+    // As an older version left it: the finalizer under its former name.
+    let former = finalizers::AUTOSCALING_RUNNER_SET.formerly[0];
+    let set = h
+        .sets()
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": [former]}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(set.finalizers(), [former.to_string()]);
+
+    h.sets()
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+    until_gone(h.sets(), NAME, "the set goes").await;
+    assert!(
+        matches!(
+            h.listeners.history().last(),
+            Some(ListenerEvent::Stopped(..))
+        ),
+        "the listener was stopped: {:?}",
+        h.listeners.history()
+    );
+    assert!(h.runner_sets().get_opt(NAME).await.unwrap().is_none());
+    assert!(
+        h.fake.control().scale_sets().is_empty(),
+        "the scale set was deleted in the service, not just the finalizer dropped"
+    );
+}
+
+#[tokio::test]
 async fn runner_set_updates_outside_the_projection_do_not_wake_the_scale_set() {
     let h = Harness::start("ars-predicate").await;
     h.running(template(json!([]))).await;
     let delivered = || h.metrics.owned_updates_of(CONTROLLER, true);
     let dropped = || h.metrics.owned_updates_of(CONTROLLER, false);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while delivered() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the set was never seen"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the set is seen", WAIT, || async {
+        (delivered() > 0).then_some(())
+    })
+    .await;
     let dropped_before = dropped();
     let delivered_before = delivered();
 
@@ -805,14 +830,10 @@ async fn runner_set_updates_outside_the_projection_do_not_wake_the_scale_set() {
         )
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while dropped() + delivered() < dropped_before + delivered_before + 6 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the label change never woke the scale set"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the six writes are judged", WAIT, || async {
+        (dropped() + delivered() >= dropped_before + delivered_before + 6).then_some(())
+    })
+    .await;
     assert_eq!(
         dropped() - dropped_before,
         5,
