@@ -1,5 +1,15 @@
 //! `EphemeralRunner`: one runner, its registration, its JIT config Secret and
-//! its pod.
+//! its pod; the names its status is written with (phase reasons, condition
+//! types and their reasons, event reasons), and the debug hold's arithmetic
+//! ([`hold`]).
+//!
+//! The names are enums rather than strings so that what the controller
+//! writes and what it reads back are the same words by construction: a
+//! misspelt reason does not compile, and a state is read from a
+//! condition's reason by parsing it ([`EphemeralRunnerStatus::reason_of`]),
+//! never by comparing free strings or splitting a message.
+
+pub mod hold;
 
 use std::collections::BTreeMap;
 
@@ -214,10 +224,286 @@ pub struct EphemeralRunnerStatus {
     /// the `arcwright.dev/hold-until` annotation, capped by `maxHold`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold_until: Option<Time>,
+    /// Why the runner is held for debugging, written with phase
+    /// `Debugging`: what the Slack post about the hold says, on every later
+    /// pass that posts it again. A runner held by a version that did not
+    /// write it reads as [`HoldCause::JobFailed`], which is true of every
+    /// hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_cause: Option<HoldCause>,
     /// Set when the EphemeralRunnerSet renewed the runner for another job
     /// after it succeeded (see [`RunnerRenewal`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renewal: Option<RunnerRenewal>,
+}
+
+/// What made a runner's job fail, when the runner is held for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum HoldCause {
+    /// The listener recorded the job's result as failed.
+    JobFailed,
+    /// The runner container exited non-zero while it had a job (its code
+    /// and reason are the status's `exitCode` and `terminationReason`).
+    RunnerExited,
+    /// The runner pod failed (evicted, an init container failed) while it
+    /// had a job.
+    PodFailed,
+}
+
+impl HoldCause {
+    /// For people: the Slack post and the hold's messages. `exit` is the
+    /// runner container's exit code and termination reason, when it
+    /// exited.
+    pub fn why(self, exit: Option<(i32, &str)>) -> String {
+        match (self, exit) {
+            (Self::JobFailed, _) => "the job failed".to_owned(),
+            (Self::RunnerExited, Some((code, reason))) => {
+                format!("the runner exited {code} ({reason}) while running a job")
+            }
+            (Self::RunnerExited | Self::PodFailed, _) => {
+                "the runner pod failed while running a job".to_owned()
+            }
+        }
+    }
+}
+
+/// Declares an enum of names written to the API: each variant is written
+/// as its own name, and a name read back is parsed into the variant
+/// ([`None`] for one this version does not know).
+macro_rules! wire_names {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident),* $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant),*
+        }
+
+        impl $name {
+            /// Every value.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),*];
+
+            /// The name written to the API.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => stringify!($variant)),*
+                }
+            }
+
+            /// The value `text` names, if this version knows it.
+            pub fn parse(text: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|value| value.as_str() == text)
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+    };
+}
+
+/// Declares the reasons of one condition: [`wire_names`], and for each
+/// reason whether the condition is True with it.
+macro_rules! condition_reasons {
+    ($(#[$meta:meta])* $name:ident of $condition:ident {
+        $($(#[$vmeta:meta])* $variant:ident => $holds:literal),* $(,)?
+    }) => {
+        wire_names!($(#[$meta])* $name { $($(#[$vmeta])* $variant),* });
+
+        impl ConditionReason for $name {
+            const CONDITION: RunnerCondition = RunnerCondition::$condition;
+
+            fn holds(self) -> bool {
+                match self {
+                    $(Self::$variant => $holds),*
+                }
+            }
+
+            fn name(self) -> &'static str {
+                self.as_str()
+            }
+
+            fn from_name(text: &str) -> Option<Self> {
+                Self::parse(text)
+            }
+        }
+    };
+}
+
+wire_names! {
+    /// The conditions of an EphemeralRunner's status.
+    RunnerCondition {
+        /// Whether the registration of `status.runnerId` exists. It turns
+        /// False only on proof (removed, not found, self-deregistered,
+        /// never registered) and True when a new JIT config is created.
+        Registered,
+        /// The service has seen the runner online, so the registration
+        /// timeout no longer applies.
+        RunnerOnline,
+        /// The deregistration policy failed and the bundled default
+        /// decided.
+        DeregistrationPolicyFallback,
+        /// Whether the runner is held for debugging after its job failed,
+        /// and if not, why not.
+        HeldForDebugging,
+        /// Whether Slack accepted the post about the hold (True), or the
+        /// last attempt failed (False). Until it is True, every pass of a
+        /// held runner asks for the post again: the post is what gets
+        /// someone to look before the hold ends, so it must not be lost to
+        /// a restart or to Slack being down.
+        SlackNotified,
+    }
+}
+
+/// A reason of one of the runner's conditions. A reason says the
+/// condition's status too (a registration `Removed` is False, one whose
+/// removal was asked for, `RemoveNow`, still True), so a condition is set
+/// from its reason alone, and a reason of one condition cannot be set on
+/// another.
+pub trait ConditionReason: Copy {
+    /// The condition it is a reason of.
+    const CONDITION: RunnerCondition;
+    /// Whether the condition is True with this reason.
+    fn holds(self) -> bool;
+    /// The name written to the API.
+    fn name(self) -> &'static str;
+    /// The reason `text` names, if this version knows it.
+    fn from_name(text: &str) -> Option<Self>;
+}
+
+condition_reasons! {
+    /// The reasons of [`RunnerCondition::Registered`].
+    RegisteredReason of Registered {
+        /// A JIT config was created: the registration exists.
+        JitConfigCreated => true,
+        /// Its removal was handed to the pool (`remove-now`).
+        RemoveNow => true,
+        /// Its removal was handed to the pool, the service to wait for the
+        /// job (`remove-after-job`).
+        RemoveAfterJob => true,
+        /// The service removed it.
+        Removed => false,
+        /// The service did not know it.
+        NotFound => false,
+        /// The runner removed it itself (the policy's `self-deregistered`).
+        SelfDeregistered => false,
+        /// There never was one.
+        NeverRegistered => false,
+    }
+}
+
+condition_reasons! {
+    /// The reasons of [`RunnerCondition::RunnerOnline`].
+    OnlineReason of RunnerOnline {
+        /// The service sees the runner online.
+        Online => true,
+    }
+}
+
+condition_reasons! {
+    /// The reasons of [`RunnerCondition::DeregistrationPolicyFallback`].
+    PolicyFallbackReason of DeregistrationPolicyFallback {
+        /// The configured policy failed; the bundled default decided.
+        Fallback => true,
+        /// The configured policy decided again.
+        PolicyAnswered => false,
+    }
+}
+
+condition_reasons! {
+    /// The reasons of [`RunnerCondition::HeldForDebugging`].
+    HeldReason of HeldForDebugging {
+        /// Held.
+        HeldForDebugging => true,
+        /// Not held: the scale set holds `maxHeld` runners already.
+        MaxHeld => false,
+        /// Not held: the debug spec cannot be followed.
+        InvalidDebugSpec => false,
+        /// The hold ended.
+        HoldEnded => false,
+    }
+}
+
+condition_reasons! {
+    /// The reasons of [`RunnerCondition::SlackNotified`].
+    SlackNotifiedReason of SlackNotified {
+        /// Slack accepted the post.
+        Posted => true,
+        /// The last attempt failed; it is made again.
+        PostFailed => false,
+    }
+}
+
+wire_names! {
+    /// The reasons of a runner's phase (`status.reason`).
+    PhaseReason {
+        /// Succeeded: the runner exited 0.
+        Completed,
+        /// Outdated: the runner exited 7.
+        Outdated,
+        /// Failed: the runner or its pod failed while it had a job.
+        JobFailed,
+        /// Failed: the failed starts reached the limit.
+        TooManyFailures,
+        /// Failed: the pod template has no runner container.
+        InvalidTemplate,
+        /// Failed: the API server refused the runner pod.
+        InvalidPod,
+        /// Debugging: held after its job failed.
+        HeldForDebugging,
+        /// Failed: the debug hold ended.
+        HoldEnded,
+    }
+}
+
+wire_names! {
+    /// The reasons of the events published on a runner.
+    EventReason {
+        /// The pool removed the registration, or found it gone.
+        RegistrationRemoved,
+        /// The pool gave up on a removal for now.
+        DeregistrationFailed,
+        /// The deregistration policy failed; the bundled default decided.
+        PolicyFallback,
+        /// The registration's removal was handed to the pool.
+        Deregistering,
+        /// A pod stuck terminating was deleted with grace 0.
+        PodForceDeleted,
+        /// The pod template has no runner container.
+        InvalidTemplate,
+        /// The API server refused the runner pod.
+        InvalidPod,
+        /// The runner exited 7.
+        RunnerOutdated,
+        /// The runner failed for good.
+        RunnerFailed,
+        /// A start failed: the pod failed before the runner ran a job.
+        RunnerPodFailed,
+        /// A start failed: the runner did not come online in time.
+        RegistrationTimeout,
+        /// The debug spec cannot be followed.
+        InvalidDebugSpec,
+        /// A failure was not held: `maxHeld` runners are held already.
+        NotHeld,
+        /// Held for debugging.
+        HeldForDebugging,
+        /// The hold ended.
+        HoldEnded,
+        /// An idle runner past `maxIdleAge` is recycled.
+        MaxIdleAge,
+        /// A registration an earlier attempt left without its Secret was
+        /// removed.
+        StaleRegistrationRemoved,
+        /// Telling Slack of the hold failed; it is tried again.
+        SlackNotificationFailed,
+    }
 }
 
 /// A runner that succeeded, renewed by its set for another job instead of
@@ -306,6 +592,42 @@ impl EphemeralRunnerStatus {
     pub fn condition(&self, type_: &str) -> Option<&Condition> {
         self.conditions.iter().find(|c| c.type_ == type_)
     }
+
+    /// Whether condition `type_` is True (`Some(true)`), False
+    /// (`Some(false)`), or not set (`None`).
+    pub fn is_true(&self, type_: RunnerCondition) -> Option<bool> {
+        self.condition(type_.as_str()).map(|c| c.status == "True")
+    }
+
+    /// The reason condition `R::CONDITION` was last set with, if it is set
+    /// with a reason this version knows.
+    pub fn reason_of<R: ConditionReason>(&self) -> Option<R> {
+        self.condition(R::CONDITION.as_str())
+            .and_then(|c| R::from_name(&c.reason))
+    }
+
+    /// Why the runner is held ([`Self::hold_cause`]), for people.
+    pub fn why_held(&self) -> String {
+        let exit = self
+            .exit_code
+            .map(|code| (code, self.termination_reason.as_deref().unwrap_or_default()));
+        self.hold_cause.unwrap_or(HoldCause::JobFailed).why(exit)
+    }
+
+    /// Forgets the listener's record of a job ([`JOB_FIELDS`]), as if it
+    /// had never been written.
+    pub fn clear_job_record(&mut self) {
+        self.job_request_id = 0;
+        self.job_runner_id = 0;
+        self.job_id = None;
+        self.job_repository_name = None;
+        self.job_workflow_ref = None;
+        self.workflow_run_id = 0;
+        self.job_display_name = None;
+        self.job_started_at = None;
+        self.job_result = None;
+        self.job_finished_at = None;
+    }
 }
 
 #[cfg(test)]
@@ -335,5 +657,82 @@ mod tests {
         // No record at all.
         assert!(!EphemeralRunnerStatus::default().has_job());
         assert!(!EphemeralRunnerStatus::default().job_ended());
+    }
+
+    #[test]
+    fn clearing_the_job_record_leaves_none_of_the_job_fields() {
+        let mut status: EphemeralRunnerStatus = serde_json::from_value(serde_json::json!({
+            "phase": "Running", "runnerId": 9, "jobRequestId": 3, "jobRunnerId": 7,
+            "jobId": "j", "jobRepositoryName": "o/r", "jobWorkflowRef": "w",
+            "workflowRunId": 4, "jobDisplayName": "d", "jobStartedAt": "2026-12-01T08:00:00Z",
+            "jobResult": "failed", "jobFinishedAt": "2026-12-01T08:01:00Z",
+        }))
+        .unwrap();
+        status.clear_job_record();
+        let written = serde_json::to_value(&status).unwrap();
+        for key in JOB_FIELDS {
+            let left = &written[key];
+            assert!(left.is_null() || left == 0, "{key}: {left}");
+        }
+        assert_eq!(
+            (status.phase, status.runner_id),
+            (Some(EphemeralRunnerPhase::Running), 9)
+        );
+    }
+
+    #[test]
+    fn names_read_back_are_the_names_written() {
+        for reason in RegisteredReason::ALL {
+            assert_eq!(RegisteredReason::parse(reason.as_str()), Some(*reason));
+        }
+        assert_eq!(
+            RegisteredReason::parse("Renewed"),
+            None,
+            "unknown: no state"
+        );
+        assert_eq!(
+            serde_json::to_value(PhaseReason::InvalidTemplate).unwrap(),
+            "InvalidTemplate"
+        );
+        let status = EphemeralRunnerStatus {
+            conditions: vec![Condition {
+                type_: "Registered".into(),
+                status: "True".into(),
+                reason: "RemoveAfterJob".into(),
+                message: String::new(),
+                last_transition_time: Time(jiff::Timestamp::UNIX_EPOCH),
+                observed_generation: None,
+            }],
+            ..EphemeralRunnerStatus::default()
+        };
+        assert_eq!(
+            status.reason_of::<RegisteredReason>(),
+            Some(RegisteredReason::RemoveAfterJob)
+        );
+        assert_eq!(status.reason_of::<HeldReason>(), None);
+        assert_eq!(status.is_true(RunnerCondition::Registered), Some(true));
+    }
+
+    #[test]
+    fn a_hold_says_why_also_on_objects_that_never_recorded_it() {
+        let held = |cause, exit_code| EphemeralRunnerStatus {
+            hold_cause: cause,
+            exit_code,
+            termination_reason: exit_code.map(|_| "Error".to_owned()),
+            ..EphemeralRunnerStatus::default()
+        };
+        assert_eq!(
+            held(Some(HoldCause::JobFailed), Some(1)).why_held(),
+            "the job failed"
+        );
+        assert_eq!(
+            held(Some(HoldCause::RunnerExited), Some(1)).why_held(),
+            "the runner exited 1 (Error) while running a job"
+        );
+        assert_eq!(
+            held(Some(HoldCause::PodFailed), None).why_held(),
+            "the runner pod failed while running a job"
+        );
+        assert_eq!(held(None, Some(1)).why_held(), "the job failed");
     }
 }

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use jiff::Timestamp;
 use serde_json::{Value, json};
 
 use crate::debug::hold::format_hold_until;
@@ -14,24 +13,9 @@ pub const EXTEND: &str = "arcwright_extend_hold";
 /// The `action_id` of the Release button.
 pub const RELEASE: &str = "arcwright_release_hold";
 
-/// A runner held after its job failed, as Slack is told of it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HeldFailure {
-    /// The runner's namespace.
-    pub namespace: String,
-    /// The EphemeralRunner (and its pod's) name.
-    pub runner: String,
-    /// `owner/repo` of the job, when the listener recorded it.
-    pub repository: Option<String>,
-    /// The workflow reference, when recorded.
-    pub workflow: Option<String>,
-    /// The job's display name, when recorded.
-    pub job: Option<String>,
-    /// Why the runner is held (`the job failed`, `the runner exited 137`).
-    pub why: String,
-    /// When the hold ends.
-    pub hold_until: Timestamp,
-}
+/// A runner held after its job failed, as Slack is told of it; the
+/// runner's plan builds it, so it lives beside the runner's types.
+pub use crate::api::ephemeral_runner::hold::HeldFailure;
 
 /// The value the buttons carry: which runner. The interaction endpoint
 /// trusts it only because the request is signed by Slack, and Slack only
