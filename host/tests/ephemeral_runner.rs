@@ -20,8 +20,7 @@ use arcwright::api::{
     RunnerRenewal, annotations::RENEWAL as RENEWAL_ANNOTATION,
 };
 use arcwright::controllers::ephemeral_runner::{
-    self, Config, Dependencies, SlackConfig,
-    plan::{SLACK_NOTIFIED, Settings},
+    self, Config, Dependencies, SlackConfig, plan::Settings,
 };
 use arcwright::controllers::kit::Synced;
 use arcwright::controllers::metrics::ControllerMetrics;
@@ -1124,7 +1123,7 @@ async fn a_held_failure_is_posted_to_slack_with_the_job_and_the_buttons() {
         .wait_runner("r-told", "recorded the post", |r| {
             r.status
                 .as_ref()
-                .and_then(|s| s.condition(SLACK_NOTIFIED))
+                .and_then(|s| s.condition("SlackNotified"))
                 .is_some_and(|c| c.status == "True")
         })
         .await;

@@ -1,76 +1,104 @@
-//! Carrying out a plan: one API call per step, in order.
+//! Carrying out a plan: one API call per step, in order, and no decisions.
+//! What a call's answer means for the runner is the plan's to decide: an
+//! answer that changes the plan (the API server refusing the pod) is
+//! reported back (`Applied`), and the plan is made again with it.
+//!
+//! The registration step is the one that spans several calls, for two
+//! reasons. The JIT config is a secret: it goes from the Actions service
+//! into the Secret here and never through the plan. And a registration
+//! is never left without a record: if its Secret cannot be written it is
+//! removed at once, and one an earlier attempt left under the runner's
+//! name without a Secret is removed before the name is registered again
+//! (see `register`).
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
 
-use super::plan::{Plan, REGISTERED, Severity, Step};
+use super::plan::{Plan, RegistrationRecord, StatusChange, Step};
 use super::resources::{jit_secret, runner_pod};
-use super::{Context, EphemeralRunnerError, FINALIZER, github_target, kube_error};
+use super::{Context, EphemeralRunnerError, github_target, kube_error};
 use crate::actions::{ActionsClient, ActionsError, JitConfig, JitRunnerSetting};
-use crate::api::{EphemeralRunner, EphemeralRunnerPhase};
+use crate::api::ephemeral_runner::EventReason;
+use crate::api::{EphemeralRunner, field_managers, finalizers};
+use crate::controllers::kit::{Notice, finalizer};
 
-/// Applies `plan`; returns whether the finalizer was removed (the runner is
-/// going away).
+/// What applying a plan came to.
+#[derive(Debug, Default)]
+pub(super) struct Applied {
+    /// The finalizer was removed: the runner is going away.
+    pub(super) finalized: bool,
+    /// The API server refused the runner pod as invalid (a 422), with its
+    /// message. The steps after the pod's creation were not taken: they
+    /// were planned on the pod being made.
+    pub(super) refused_pod: Option<String>,
+}
+
+/// How every write of the controller names itself.
+pub(super) fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(field_managers::EPHEMERAL_RUNNER.to_owned()),
+        ..PatchParams::default()
+    }
+}
+
+fn post_params() -> PostParams {
+    PostParams {
+        field_manager: Some(field_managers::EPHEMERAL_RUNNER.to_owned()),
+        ..PostParams::default()
+    }
+}
+
+/// Applies `plan`.
 pub(super) async fn apply(
     runner: &EphemeralRunner,
     plan: &Plan,
     ctx: &Context,
-) -> Result<bool, EphemeralRunnerError> {
+) -> Result<Applied, EphemeralRunnerError> {
     let namespace = runner.namespace().unwrap_or_default();
     let name = runner.name_any();
     let client = ctx.deps.client.clone();
     let runners: Api<EphemeralRunner> = Api::namespaced(client.clone(), &namespace);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let mut finalized = false;
+    let mut applied = Applied::default();
     for step in &plan.steps {
         match step {
-            Step::AddFinalizer => {
-                let mut finalizers = runner.finalizers().to_vec();
-                finalizers.push(FINALIZER.to_string());
-                set_finalizers(runner, &runners, finalizers, "add the finalizer").await?;
-            }
+            Step::AddFinalizer => finalizer::add(
+                &runners,
+                runner,
+                &finalizers::EPHEMERAL_RUNNER,
+                field_managers::EPHEMERAL_RUNNER,
+            )
+            .await
+            .map_err(kube_error("add the finalizer"))?,
             Step::RemoveFinalizer => {
-                let finalizers = runner
-                    .finalizers()
-                    .iter()
-                    .filter(|f| *f != FINALIZER)
-                    .cloned()
-                    .collect();
-                set_finalizers(runner, &runners, finalizers, "remove the finalizer").await?;
-                finalized = true;
+                finalizer::remove(
+                    &runners,
+                    runner,
+                    &finalizers::EPHEMERAL_RUNNER,
+                    field_managers::EPHEMERAL_RUNNER,
+                )
+                .await
+                .map_err(kube_error("remove the finalizer"))?;
+                applied.finalized = true;
             }
-            Step::PatchStatus(status) => {
-                runners
-                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
-                    .await
-                    .map_err(kube_error("patch the runner status"))?;
-            }
-            Step::Register { replacing } => {
-                register(runner, ctx, &runners, &secrets, replacing.as_deref()).await?;
+            Step::PatchStatus(change) => patch_status(&runners, &name, change).await?,
+            Step::Register { replacing, record } => {
+                let replacing = replacing.as_deref();
+                register(runner, ctx, &runners, &secrets, replacing, record.as_ref()).await?;
             }
             Step::CreatePod => {
                 let pod = runner_pod(runner, &ctx.config.user_agent);
-                match pods.create(&PostParams::default(), &pod).await {
-                    // No event (see `publish`).
+                match pods.create(&post_params(), &pod).await {
+                    // No event (see `Step::Event`).
                     Ok(_) => tracing::debug!(runner = %name, "runner pod created"),
                     // An older pod of the same name is still terminating; its
                     // deletion wakes the next reconcile.
                     Err(kube::Error::Api(e)) if e.code == 409 => {}
                     Err(kube::Error::Api(e)) if e.code == 422 => {
-                        let message = format!("the runner pod is invalid: {}", e.message);
-                        let status = json!({"status": {
-                            "phase": EphemeralRunnerPhase::Failed, "reason": "InvalidPod", "message": message,
-                        }});
-                        runners
-                            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-                            .await
-                            .map_err(kube_error("patch the runner status"))?;
-                        publish(ctx, runner, Severity::Warning, "InvalidPod", message).await;
+                        applied.refused_pod = Some(e.message);
+                        return Ok(applied);
                     }
                     Err(e) => return Err(kube_error("create the runner pod")(e)),
                 }
@@ -95,7 +123,8 @@ pub(super) async fn apply(
                 reason,
                 note,
             } => {
-                publish(ctx, runner, *severity, reason, note.clone()).await;
+                let notice = Notice::new(*severity, reason.as_str(), note.clone());
+                ctx.publisher.publish(&runner.object_ref(&()), notice).await;
             }
             Step::CountDeregistration { verdict, outcome } => {
                 ctx.deps.metrics.deregistration(verdict, outcome);
@@ -103,35 +132,20 @@ pub(super) async fn apply(
             Step::NotifySlack(failure) => super::notify::notify(runner, failure.clone(), ctx),
         }
     }
-    Ok(finalized)
+    Ok(applied)
 }
 
-/// Writes the finalizer list, on the condition that the runner is still the
-/// version read (the resourceVersion makes the merge patch conditional), so
-/// a finalizer another controller added meanwhile is never dropped.
-async fn set_finalizers(
-    runner: &EphemeralRunner,
-    api: &Api<EphemeralRunner>,
-    finalizers: Vec<String>,
-    action: &'static str,
+/// Writes `change` to the runner's status (a merge patch).
+async fn patch_status(
+    runners: &Api<EphemeralRunner>,
+    name: &str,
+    change: &StatusChange,
 ) -> Result<(), EphemeralRunnerError> {
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": runner.resource_version(),
-    }});
-    match api
-        .patch(
-            &runner.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
+    runners
+        .patch_status(name, &patch_params(), &Patch::Merge(change))
         .await
-    {
-        Ok(_) => Ok(()),
-        // Gone already: nothing to hold.
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(kube_error(action)(e)),
-    }
+        .map_err(kube_error("patch the runner status"))?;
+    Ok(())
 }
 
 async fn delete(
@@ -157,62 +171,18 @@ async fn delete(
     }
 }
 
-/// Publishes an event on the runner. Best effort: an event that cannot be
-/// written is logged, never a reason to fail the reconcile.
-///
-/// Events are kept to what a person looking at a runner needs: warnings,
-/// and the steps off the everyday path (a registration removed by the
-/// pool, a hold, a stale registration cleaned up). The everyday steps of
-/// every runner (registered, pod created, succeeded) are not events: each
-/// would be an API server write per job (and the event's own watch
-/// traffic), for what the runner's status and conditions already say.
-pub(super) async fn publish(
-    ctx: &Context,
-    runner: &EphemeralRunner,
-    severity: Severity,
-    reason: &str,
-    note: String,
-) {
-    publish_with(
-        &ctx.recorder,
-        &runner.object_ref(&()),
-        severity,
-        reason,
-        note,
-    )
-    .await;
-}
-
-/// [`publish`] from outside a reconcile (a task that outlives it).
-pub(super) async fn publish_with(
-    recorder: &Recorder,
-    reference: &ObjectReference,
-    severity: Severity,
-    reason: &str,
-    note: String,
-) {
-    let event = Event {
-        type_: match severity {
-            Severity::Normal => EventType::Normal,
-            Severity::Warning => EventType::Warning,
-        },
-        reason: reason.to_string(),
-        note: Some(note),
-        action: "Reconcile".to_string(),
-        secondary: None,
-    };
-    if let Err(error) = recorder.publish(&event, reference).await {
-        let runner = reference.name.as_deref().unwrap_or_default();
-        tracing::warn!(runner, %error, "publishing an event failed");
-    }
-}
-
-/// Registers the runner and stores its JIT config in its Secret, once.
+/// Registers the runner, stores its JIT config in its Secret, and, for a
+/// registration after the first, writes `record` with it.
 ///
 /// A registration of this name that already exists in the scale set is one
 /// an earlier attempt made and lost before writing the Secret (a crash, a
 /// timeout after the service acted): its config cannot be read back, so it
 /// is removed and the runner registered again. It is never left behind.
+///
+/// Both removals here are made inline, not through the unregistration
+/// pool: they are of registrations nobody has recorded (not in the status,
+/// not in a Secret), so there is no runner record for the pool's outcome to
+/// settle, and the registration cannot go on until the name is free.
 ///
 /// A renewed runner's Secret of the job before (`replacing`, its
 /// resourceVersion) is written over, on the condition that it is still
@@ -224,6 +194,7 @@ async fn register(
     runners: &Api<EphemeralRunner>,
     secrets: &Api<Secret>,
     replacing: Option<&str>,
+    record: Option<&RegistrationRecord>,
 ) -> Result<(), EphemeralRunnerError> {
     let name = runner.name_any();
     let scale_set = runner.spec.runner_scale_set_id;
@@ -245,59 +216,25 @@ async fn register(
     let runner_id = jit.runner.id;
     let mut secret = jit_secret(runner, runner_id, &jit.runner.name, jit_value(&jit));
     let written = match replacing {
-        None => secrets.create(&PostParams::default(), &secret).await,
+        None => secrets.create(&post_params(), &secret).await,
         Some(version) => {
             secret.metadata.resource_version = Some(version.to_owned());
-            secrets
-                .replace(&name, &PostParams::default(), &secret)
-                .await
+            secrets.replace(&name, &post_params(), &secret).await
         }
     };
-    match written {
-        Ok(_) => {}
-        Err(error) => {
-            // The registration is useless without its Secret: remove it
-            // rather than leak it. Best effort; the next attempt's
-            // RunnerExists path removes it otherwise.
-            if let Err(removal) = client.remove_runner(runner_id).await {
-                tracing::warn!(runner = %name, runner_id, error = %removal, "removing a registration whose Secret could not be written");
-            }
-            return Err(kube_error("write the JIT config Secret")(error));
+    if let Err(error) = written {
+        // The registration is useless without its Secret: remove it
+        // rather than leak it. Best effort; the next attempt's
+        // RunnerExists path removes it otherwise.
+        if let Err(removal) = client.remove_runner(runner_id).await {
+            tracing::warn!(runner = %name, runner_id, error = %removal, "removing a registration whose Secret could not be written");
         }
+        return Err(kube_error("write the JIT config Secret")(error));
     }
-    let status = runner.status.clone().unwrap_or_default();
-    if status.runner_id == 0 && status.condition(REGISTERED).is_none() {
-        // The first registration: the Secret is its record, and the plan
-        // copies it into the status with the next status write (the pod
-        // running, or ending), a write per runner saved. A later one is
-        // written now: the status names the registration before it, and
-        // the plan must not take that one's end for this one's.
-        tracing::debug!(runner = %name, runner_id, scale_set, "registered");
-        return Ok(());
+    if let Some(record) = record {
+        patch_status(runners, &name, &record.change(runner_id, &jit.runner.name)).await?;
     }
-    let now = jiff::Timestamp::now();
-    let mut conditions = status.conditions.clone();
-    conditions.retain(|c| c.type_ != REGISTERED && c.type_ != super::plan::ONLINE);
-    conditions.push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-        type_: REGISTERED.to_string(),
-        status: "True".to_string(),
-        reason: "JitConfigCreated".to_string(),
-        message: format!("registered as runner {runner_id}"),
-        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
-        observed_generation: None,
-    });
-    let status = json!({"status": {
-        "runnerId": runner_id,
-        "runnerName": jit.runner.name,
-        "phase": EphemeralRunnerPhase::Pending,
-        "ready": false,
-        "conditions": conditions,
-    }});
-    runners
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .map_err(kube_error("patch the runner status"))?;
-    // No event (see `publish`): the Registered condition says it.
+    // No event (see `Step::Event`): the Registered condition says it.
     tracing::debug!(runner = %name, runner_id, scale_set, "registered");
     Ok(())
 }
@@ -322,17 +259,14 @@ async fn remove_stale(
                 Ok(()) | Err(ActionsError::RunnerNotFound { .. }) => {}
                 Err(error) => return Err(error.into()),
             }
-            publish(
-                ctx,
-                runner,
-                Severity::Normal,
-                "StaleRegistrationRemoved",
+            let notice = Notice::normal(
+                EventReason::StaleRegistrationRemoved.as_str(),
                 format!(
                     "registration {} of this runner was left by an earlier attempt without its JIT config; removed it",
                     found.id
                 ),
-            )
-            .await;
+            );
+            ctx.publisher.publish(&runner.object_ref(&()), notice).await;
             Ok(())
         }
         Some(found) => Err(EphemeralRunnerError::NameTakenElsewhere {

@@ -10,10 +10,16 @@
 //! missing right after it was written, and the runner would be registered
 //! twice (see `observe::settled_in_cache`).
 //!
-//! Removals go through the [`UnregistrationPool`] (seed 000), never through
-//! the reconcile: a reconcile never waits on the Actions service to remove a
-//! registration. The pool wakes the runner's reconcile when it is done
-//! (`on_finished`), which is when the pod may go.
+//! Removals of a runner's registration go through the
+//! [`UnregistrationPool`] (seed 000), never through the reconcile: a
+//! reconcile never waits on the Actions service to remove a registration.
+//! The pool wakes the runner's reconcile when it is done (`on_finished`),
+//! which is when the pod may go. The one exception is inside the
+//! registration step itself (`apply::register`): a registration nobody has
+//! recorded yet (one an earlier attempt left under the runner's name
+//! without its Secret, or the one just made whose Secret could not be
+//! written) is removed there and then, since no record of it exists for
+//! the pool's outcome to settle and the name must be free to register.
 
 mod apply;
 mod notify;
@@ -28,7 +34,6 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::runtime::controller::{self, Action};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -36,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actions::ActionsError;
 use crate::api::{EphemeralRunner, labels};
+use crate::controllers::kit::{ErrorLabel, Publisher};
 use crate::controllers::metrics::{ControllerMetrics, RunnerLabels};
 use crate::credentials::{ActionsClients, ActionsRemover, CredentialsError, GitHubTarget};
 use crate::policy::loader::{LoadedPolicy, PolicyLoader, PolicyRef};
@@ -46,8 +52,9 @@ use crate::unregistration::{
 };
 
 /// The finalizer that holds an EphemeralRunner until its registration, pod
-/// and Secret are gone.
-pub const FINALIZER: &str = "arcwright.dev/ephemeral-runner";
+/// and Secret are gone; kept for the EphemeralRunnerSet, which creates its
+/// runners with it. New code names [`crate::api::finalizers::EPHEMERAL_RUNNER`].
+pub const FINALIZER: &str = crate::api::finalizers::EPHEMERAL_RUNNER.name;
 
 /// The controller's name in metrics, events and field managers.
 pub const CONTROLLER: &str = "ephemeral-runner";
@@ -92,9 +99,8 @@ pub enum EphemeralRunnerError {
     NameTakenButAbsent(String),
 }
 
-impl EphemeralRunnerError {
-    /// A stable label for metrics.
-    pub fn metric_label(&self) -> &'static str {
+impl ErrorLabel for EphemeralRunnerError {
+    fn label(&self) -> &'static str {
         match self {
             Self::Kube { .. } => "kube",
             Self::Credentials(_) => "credentials",
@@ -187,7 +193,7 @@ pub(crate) struct Context {
     deps: Dependencies,
     config: Config,
     pool: Arc<UnregistrationPool<ActionsRemover>>,
-    recorder: Recorder,
+    publisher: Publisher,
     /// Loaded deregistration policies by namespace and reference, so a
     /// reference shared by thousands of runners is compiled and watched once.
     policies: Mutex<HashMap<(String, String), Arc<LoadedPolicy>>>,
@@ -270,7 +276,15 @@ async fn reconcile(
     let planned = observe::observe_and_plan(&runner, &ctx).await?;
     let plan = &planned.plan;
     tracing::debug!(runner = %name, %namespace, ?plan, "reconciled");
-    let finalized = apply::apply(&runner, plan, &ctx).await?;
+    let mut applied = apply::apply(&runner, plan, &ctx).await?;
+    if let Some(refusal) = applied.refused_pod.take() {
+        // The API server's answer changes what the plan decides: it is
+        // made again with the refusal recorded, and applied.
+        let plan = planned.with_refused_pod(refusal, &ctx.config.settings);
+        tracing::debug!(runner = %name, %namespace, ?plan, "the runner pod was refused");
+        applied.finalized |= apply::apply(&runner, &plan, &ctx).await?.finalized;
+    }
+    let finalized = applied.finalized;
     let requeue = plan.requeue;
     drop(planned);
     let scale_set = runner
@@ -305,7 +319,7 @@ fn error_policy(
     ctx: Arc<Context>,
 ) -> Action {
     tracing::warn!(runner = %runner.name_any(), error = %error, "reconcile failed; retrying");
-    ctx.deps.metrics.error(CONTROLLER, error.metric_label());
+    ctx.deps.metrics.error(CONTROLLER, error.label());
     Action::requeue(ctx.config.error_retry)
 }
 
@@ -343,19 +357,14 @@ pub async fn run(
                 Api::all(client.clone()),
             ),
         };
-    let owned = watcher::Config::default().labels(&format!("{}=arcwright", labels::MANAGED_BY));
+    let owned =
+        watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY, labels::ARCWRIGHT));
     let (pod_cache, pod_writer) = reflector::store();
     let (secret_cache, secret_writer) = reflector::store();
     let ctx = Arc::new(Context {
         pods: pod_cache,
         secrets: secret_cache,
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: format!("arcwright-{CONTROLLER}"),
-                instance: None,
-            },
-        ),
+        publisher: Publisher::new(client.clone(), CONTROLLER),
         deps,
         pool,
         policies: Mutex::new(HashMap::new()),

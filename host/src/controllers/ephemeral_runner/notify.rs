@@ -21,14 +21,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
 
 use super::Context;
-use super::apply::publish_with;
-use super::plan::{SLACK_NOTIFIED, Severity, set_condition};
+use super::apply::patch_params;
+use super::plan::{Precondition, StatusChange, StatusFields};
+use crate::api::ephemeral_runner::{EventReason, SlackNotifiedReason};
 use crate::api::{EphemeralRunner, EphemeralRunnerPhase};
+use crate::controllers::kit::{Notice, conditions};
 use crate::slack::HeldFailure;
 use crate::slack::client::read_token;
 use crate::slack::message;
@@ -77,7 +78,7 @@ pub(super) fn notify(runner: &EphemeralRunner, failure: HeldFailure, ctx: &Conte
     }
     let outbox = ctx.outbox.clone();
     let client = ctx.deps.client.clone();
-    let recorder = ctx.recorder.clone();
+    let publisher = ctx.publisher.clone();
     let reference = runner.object_ref(&());
     let extend_by = ctx.config.slack.extend_by;
     let runners: Api<EphemeralRunner> =
@@ -98,7 +99,7 @@ pub(super) fn notify(runner: &EphemeralRunner, failure: HeldFailure, ctx: &Conte
                 Ok(_) => {
                     tracing::info!(runner = %name, channel = %spec.channel, "told Slack of a held failure");
                     let told = format!("posted to {}", spec.channel);
-                    record(&runners, &name, &uid, true, "Posted", &told).await;
+                    record(&runners, &name, &uid, SlackNotifiedReason::Posted, &told).await;
                     break;
                 }
                 Err(error) => {
@@ -108,16 +109,13 @@ pub(super) fn notify(runner: &EphemeralRunner, failure: HeldFailure, ctx: &Conte
                         spec.channel
                     );
                     if attempt == 0 {
-                        publish_with(
-                            &recorder,
-                            &reference,
-                            Severity::Warning,
-                            "SlackNotificationFailed",
-                            why.clone(),
-                        )
-                        .await;
+                        let reason = EventReason::SlackNotificationFailed.as_str();
+                        publisher
+                            .publish(&reference, Notice::warning(reason, why.clone()))
+                            .await;
                     }
-                    if !record(&runners, &name, &uid, false, "PostFailed", &why).await {
+                    let failed = SlackNotifiedReason::PostFailed;
+                    if !record(&runners, &name, &uid, failed, &why).await {
                         break;
                     }
                 }
@@ -136,8 +134,7 @@ async fn record(
     runners: &Api<EphemeralRunner>,
     name: &str,
     uid: &str,
-    posted: bool,
-    reason: &str,
+    reason: SlackNotifiedReason,
     message: &str,
 ) -> bool {
     for _ in 0..5 {
@@ -157,24 +154,23 @@ async fn record(
             return false;
         }
         let mut conditions = status.conditions.clone();
-        if !set_condition(
-            &mut conditions,
-            SLACK_NOTIFIED,
-            posted,
-            reason,
-            message,
-            Timestamp::now(),
-        ) {
+        let setting = super::plan::setting(reason, message);
+        if !conditions::set(&mut conditions, setting, Timestamp::now()) {
             return true;
         }
         // The resourceVersion makes the patch fail rather than overwrite
         // conditions written since the read.
-        let patch = json!({
-            "metadata": {"resourceVersion": runner.resource_version()},
-            "status": {"conditions": conditions},
-        });
+        let change = StatusChange {
+            metadata: Some(Precondition {
+                resource_version: runner.resource_version(),
+            }),
+            status: StatusFields {
+                conditions: Some(conditions),
+                ..StatusFields::default()
+            },
+        };
         match runners
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_status(name, &patch_params(), &Patch::Merge(&change))
             .await
         {
             Ok(_) => return true,

@@ -12,7 +12,7 @@ use super::plan::{
     VerdictView,
 };
 use super::resources::read_jit_secret;
-use super::{Context, EphemeralRunnerError, FINALIZER, github_target, kube_error};
+use super::{Context, EphemeralRunnerError, github_target, kube_error};
 use crate::actions::ActionsError;
 use crate::api::{EphemeralRunner, EphemeralRunnerPhase, labels};
 use crate::unregistration::Removal;
@@ -90,13 +90,32 @@ pub(super) fn pod_view(pod: &Pod) -> PodView {
     }
 }
 
-/// A plan, and when it holds a runner for debugging, the gate that keeps
-/// another runner from counting the held runners until this one's status
-/// is written (so two failures at once cannot both take the last place
-/// under `maxHeld`). Drop it after applying the plan.
-pub(super) struct Planned {
+/// A plan, what it was decided on, and when it holds a runner for
+/// debugging, the gate that keeps another runner from counting the held
+/// runners until this one's status is written (so two failures at once
+/// cannot both take the last place under `maxHeld`). Drop it after
+/// applying the plan.
+pub(super) struct Planned<'a> {
     pub(super) plan: plan::Plan,
-    pub(super) _hold_gate: Option<tokio::sync::OwnedMutexGuard<()>>,
+    observed: Observed<'a>,
+    _hold_gate: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Planned<'_> {
+    /// The plan made again, on the same reading, with the API server's
+    /// refusal of the runner pod the plan asked for recorded.
+    pub(super) fn with_refused_pod(
+        &self,
+        refusal: String,
+        settings: &plan::Settings,
+    ) -> plan::Plan {
+        let observed = Observed {
+            refused_pod: Some(refusal),
+            ..self.observed.clone()
+        };
+        // A refusal is decided before anything the plan could ask for.
+        plan::plan(&observed, settings).unwrap_or_default()
+    }
 }
 
 /// How many runners of `runner`'s scale set, other than it, are held.
@@ -171,7 +190,7 @@ fn pool_view(
 /// registered twice), so no step is ever taken on its word. A stale cache
 /// can only make this say "nothing to do" early; the cache catching up is
 /// itself a watch event that wakes the runner again.
-fn settled_in_cache(runner: &EphemeralRunner, ctx: &Context) -> Option<plan::Plan> {
+fn settled_in_cache<'a>(runner: &'a EphemeralRunner, ctx: &Context) -> Option<Planned<'a>> {
     let namespace = runner.namespace().unwrap_or_default();
     let name = runner.name_any();
     let pod = ctx
@@ -193,24 +212,27 @@ fn settled_in_cache(runner: &EphemeralRunner, ctx: &Context) -> Option<plan::Pla
         verdict: None,
         presence: None,
         held: None,
+        refused_pod: None,
         now: Timestamp::now(),
     };
-    plan::plan(&observed, &ctx.config.settings, FINALIZER)
+    let plan = plan::plan(&observed, &ctx.config.settings)
         .ok()
-        .filter(|plan| plan.steps.is_empty())
+        .filter(|plan| plan.steps.is_empty())?;
+    Some(Planned {
+        plan,
+        observed,
+        _hold_gate: None,
+    })
 }
 
 /// Reads the runner's pod and Secret, asks the pool about its registration,
 /// and runs the plan, answering what it needs until it decides.
-pub(super) async fn observe_and_plan(
-    runner: &EphemeralRunner,
+pub(super) async fn observe_and_plan<'a>(
+    runner: &'a EphemeralRunner,
     ctx: &Context,
-) -> Result<Planned, EphemeralRunnerError> {
-    if let Some(plan) = settled_in_cache(runner, ctx) {
-        return Ok(Planned {
-            plan,
-            _hold_gate: None,
-        });
+) -> Result<Planned<'a>, EphemeralRunnerError> {
+    if let Some(planned) = settled_in_cache(runner, ctx) {
+        return Ok(planned);
     }
     let namespace = runner.namespace().unwrap_or_default();
     let name = runner.name_any();
@@ -238,15 +260,17 @@ pub(super) async fn observe_and_plan(
         verdict: None,
         presence: None,
         held: None,
+        refused_pod: None,
         now: Timestamp::now(),
     };
     let mut hold_gate = None;
     // Each need is answered once, so this ends after at most four rounds.
     for _ in 0..4 {
-        match plan::plan(&observed, &ctx.config.settings, FINALIZER) {
+        match plan::plan(&observed, &ctx.config.settings) {
             Ok(plan) => {
                 return Ok(Planned {
                     plan,
+                    observed,
                     _hold_gate: hold_gate,
                 });
             }
@@ -286,6 +310,7 @@ pub(super) async fn observe_and_plan(
             steps: Vec::new(),
             requeue: Some(ctx.config.error_retry),
         },
+        observed,
         _hold_gate: None,
     })
 }
@@ -293,8 +318,10 @@ pub(super) async fn observe_and_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::ephemeral_runner::{RegisteredReason, RunnerCondition};
     use crate::api::{EphemeralRunnerPhase, EphemeralRunnerSpec, EphemeralRunnerStatus};
-    use crate::controllers::ephemeral_runner::plan::{REGISTERED, SecretView, Settings, Step};
+    use crate::controllers::ephemeral_runner::FINALIZER;
+    use crate::controllers::ephemeral_runner::plan::{SecretView, Settings, Step};
     use crate::controllers::ephemeral_runner_set::plan::{self as set_plan, RunnerView, SetView};
     use k8s_openapi::api::core::v1::{Container, PodSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -354,9 +381,9 @@ mod tests {
         runner.status = Some(EphemeralRunnerStatus {
             runner_id: 7,
             conditions: vec![Condition {
-                type_: REGISTERED.into(),
+                type_: RunnerCondition::Registered.as_str().into(),
                 status: "True".into(),
-                reason: "JitConfigCreated".into(),
+                reason: RegisteredReason::JitConfigCreated.as_str().into(),
                 message: String::new(),
                 last_transition_time: Time(view.created),
                 observed_generation: None,
@@ -376,9 +403,10 @@ mod tests {
             verdict: None,
             presence: None,
             held: None,
+            refused_pod: None,
             now: view.created + jiff::SignedDuration::from_mins(5),
         };
-        let plan = plan::plan(&observed, &Settings::default(), FINALIZER).unwrap();
+        let plan = plan::plan(&observed, &Settings::default()).unwrap();
         // Pending (no phase yet reads as Pending, so nothing is written)
         // and not ready: not renewed as an old idle runner, not
         // deregistered, its pod left to finish its setup.
@@ -394,14 +422,13 @@ mod tests {
                 ..observed.clone()
             },
             &Settings::default(),
-            FINALIZER,
         )
         .unwrap();
-        let [Step::PatchStatus(status)] = plan.steps.as_slice() else {
+        let [Step::PatchStatus(change)] = plan.steps.as_slice() else {
             panic!("{:?}", plan.steps)
         };
-        assert_eq!(status["status"]["phase"], "Pending");
-        assert!(status["status"].get("ready").is_none(), "stays false");
+        assert_eq!(change.status.phase, Some(EphemeralRunnerPhase::Pending));
+        assert_eq!(change.status.ready, None, "stays false");
 
         // The set counts it as pending, not running: the scaling input and
         // the status see a warm pool still filling, not idle capacity.
@@ -447,9 +474,9 @@ mod pod_watch_tests {
         .unwrap()
     }
 
-    fn with_status(status: serde_json::Value) -> Pod {
+    fn with_status(status: impl serde::Serialize) -> Pod {
         let mut pod = pod();
-        pod.status = Some(serde_json::from_value(status).unwrap());
+        pod.status = Some(serde_json::from_value(serde_json::to_value(status).unwrap()).unwrap());
         pod
     }
 

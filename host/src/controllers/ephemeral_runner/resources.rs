@@ -54,7 +54,10 @@ pub fn owned_labels(runner: &EphemeralRunner) -> BTreeMap<String, String> {
         labels::EPHEMERAL_RUNNER.to_string(),
         runner.metadata.name.clone().unwrap_or_default(),
     );
-    out.insert(labels::MANAGED_BY.to_string(), "arcwright".to_string());
+    out.insert(
+        labels::MANAGED_BY.to_string(),
+        labels::ARCWRIGHT.to_string(),
+    );
     out
 }
 
