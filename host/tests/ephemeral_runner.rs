@@ -8,7 +8,8 @@
 
 mod common;
 
-use std::sync::Arc;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arcwright::actions::{
@@ -32,7 +33,7 @@ use arcwright::policy::loader::PolicyLoader;
 use arcwright::policy::reporter::TracingReporter;
 use arcwright::policy::{EngineConfig, PolicyEngine};
 use arcwright::unregistration::PoolConfig;
-use arcwright_harness::TestEnv;
+use arcwright_harness::{TestEnv, eventually, eventually_explained};
 use fake_actions::{
     Endpoint, FakeActions, FakeConfig, Fault, FaultKind, JobOutcome, JobPhase, JobSpec,
 };
@@ -43,6 +44,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use runner_simulator::{Rule, Scenario, Simulator, SimulatorConfig, Stage};
+use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -227,19 +229,20 @@ impl World {
         what: &str,
         done: impl Fn(&EphemeralRunner) -> bool,
     ) -> EphemeralRunner {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            let runner = self.runners().get_opt(name).await.unwrap();
-            if let Some(r) = &runner
-                && done(r)
-            {
-                return r.clone();
-            }
-            if tokio::time::Instant::now() > deadline {
-                panic!("{name} never {what}: {runner:#?}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let runners = self.runners();
+        let last = Mutex::new(None);
+        eventually_explained(
+            format!("{name} {what}"),
+            WAIT,
+            || async {
+                let runner = runners.get_opt(name).await.unwrap();
+                let done = runner.clone().filter(|r| done(r));
+                *last.lock().unwrap() = runner;
+                done
+            },
+            || format!("last seen: {:#?}", last.lock().unwrap()),
+        )
+        .await
     }
 
     /// Deletes the runner as a user (or its set) would, and waits until its
@@ -253,14 +256,7 @@ impl World {
     }
 
     async fn wait_gone(&self, name: &str) {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while self.runners().get_opt(name).await.unwrap().is_some() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{name} was never deleted"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_absent(&self.runners(), name, "deleted").await;
     }
 
     async fn events(&self, name: &str) -> Vec<(String, String)> {
@@ -329,6 +325,17 @@ impl Drop for World {
 
 fn phase(r: &EphemeralRunner) -> Option<EphemeralRunnerPhase> {
     r.status.as_ref().and_then(|s| s.phase)
+}
+
+/// Waits until `api` has no object named `name`.
+async fn wait_absent<K>(api: &Api<K>, name: &str, what: &str)
+where
+    K: Clone + DeserializeOwned + Debug,
+{
+    eventually(format!("{name} {what}"), WAIT, || async {
+        api.get_opt(name).await.unwrap().is_none().then_some(())
+    })
+    .await;
 }
 
 /// Watches the runner's pod; returns, for the first update that shows the
@@ -423,11 +430,7 @@ async fn jit_config_to_secret_to_pod_to_running_to_succeeded() {
         })
         .await;
     assert_eq!(done.status.as_ref().unwrap().exit_code, Some(0));
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while world.pods().get_opt("r-ok").await.unwrap().is_some() {
-        assert!(tokio::time::Instant::now() < deadline, "pod deleted");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_absent(&world.pods(), "r-ok", "pod deleted").await;
     assert_eq!(world.ledger().jobs_succeeded, 1);
     // The Secret stays for a renewal to write over (its registration is
     // gone, so its config is good for nothing), and goes with the runner.
@@ -724,17 +727,16 @@ async fn failure_backoff_and_limit() {
             .iter()
             .any(|(r, m)| r == "RunnerFailed" && m.contains("3 failed starts"))
     );
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while world.ledger().still_registered != 0
-        || world.pods().get_opt("r-crash").await.unwrap().is_some()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{:?}",
-            world.ledger()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_explained(
+        "no registration left, and the last pod deleted",
+        WAIT,
+        || async {
+            let pod = world.pods().get_opt("r-crash").await.unwrap();
+            (world.ledger().still_registered == 0 && pod.is_none()).then_some(())
+        },
+        || format!("{:?}", world.ledger()),
+    )
+    .await;
     let ledger = world.ledger();
     assert_eq!((ledger.runners_created, ledger.removed_by_api), (3, 3));
 }
@@ -757,11 +759,45 @@ async fn exit_7_gives_outdated() {
         1,
         "an outdated runner is not recreated"
     );
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while world.ledger().still_registered != 0 {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_explained(
+        "the outdated runner's registration removed",
+        WAIT,
+        || async { (world.ledger().still_registered == 0).then_some(()) },
+        || format!("{:?}", world.ledger()),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_pod_the_api_server_refuses_fails_the_runner_and_leaks_no_registration() {
+    let world = World::new("invalid-pod", fast_settings()).await;
+    // A container without an image: the API server refuses the pod.
+    world
+        .create_runner_with("r-invalid", |spec| spec.spec.containers[0].image = None)
+        .await;
+    let failed = world
+        .wait_runner("r-invalid", "failed, its registration gone", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Failed) && registration_gone(r)
+        })
+        .await;
+    let status = failed.status.unwrap();
+    assert_eq!(status.reason.as_deref(), Some("InvalidPod"));
+    assert!(
+        status
+            .message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("the runner pod is invalid: ")),
+        "{status:?}"
+    );
+    assert_ne!(status.runner_id, 0, "its registration is on record");
+    let events = world.events("r-invalid").await;
+    assert!(
+        events.iter().any(|(reason, _)| reason == "InvalidPod"),
+        "{events:?}"
+    );
+    wait_absent(&world.secrets(), "r-invalid", "Secret deleted").await;
+    assert!(world.sim.runners().is_empty(), "no pod was ever made");
+    assert_eq!(world.ledger().still_registered, 0);
 }
 
 #[tokio::test]
@@ -936,14 +972,10 @@ async fn a_failed_jobs_runner_is_held_deregistered_extended_within_the_cap_and_r
         scale_set: String::new(),
         phase: "Debugging".into(),
     };
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while world.metrics.runners.get_or_create(&labels).get() != 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the gauge shows the held runner"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the gauge shows the held runner", WAIT, || async {
+        (world.metrics.runners.get_or_create(&labels).get() == 1).then_some(())
+    })
+    .await;
 
     // Extended past the cap: held until the cap, an hour after the job.
     world
@@ -980,14 +1012,7 @@ async fn a_failed_jobs_runner_is_held_deregistered_extended_within_the_cap_and_r
     let status = released.status.unwrap();
     assert_eq!(status.reason.as_deref(), Some("HoldEnded"));
     assert_eq!(status.hold_until.unwrap().0.as_second(), soon.as_second());
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while world.secrets().get_opt("r-held").await.unwrap().is_some() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the Secret goes too"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_absent(&world.secrets(), "r-held", "Secret goes too").await;
     assert_eq!(world.ledger().still_registered, 0);
 }
 
@@ -1032,14 +1057,7 @@ async fn max_held_caps_the_runners_held_at_once() {
     world
         .wait_runner("r-second", "lost its registration", registration_gone)
         .await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while world.pods().get_opt("r-second").await.unwrap().is_some() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "r-second's pod goes"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_absent(&world.pods(), "r-second", "pod goes").await;
     let first = world
         .wait_runner("r-first", "lost its registration", registration_gone)
         .await;
@@ -1136,8 +1154,27 @@ async fn a_held_failure_is_posted_to_slack_with_the_job_and_the_buttons() {
             .any(|(reason, _)| reason == "SlackNotificationFailed"),
         "the refusal is told as an event"
     );
-    // Recorded: the passes that follow do not post again.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Recorded: the passes that follow do not post again. A pass of the
+    // held runner after the record is made to happen and waited for (its
+    // hold extended, which it writes), then the hold is ended (a pass that
+    // asked for a post would have started it before its reconcile ended,
+    // and the release takes reconciles of its own): still three posts.
+    let extended = Timestamp::from_second(until.as_second() + 300).unwrap();
+    world.annotate_hold_until("r-told", extended).await;
+    world
+        .wait_runner("r-told", "extended its hold", |r| {
+            r.status
+                .as_ref()
+                .and_then(|s| s.hold_until.as_ref())
+                .is_some_and(|t| t.0.as_second() == extended.as_second())
+        })
+        .await;
+    world.annotate_hold_until("r-told", Timestamp::now()).await;
+    world
+        .wait_runner("r-told", "ended its hold", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Failed)
+        })
+        .await;
     assert_eq!(slack.posts().len(), 3);
     assert_eq!(post.token.as_deref(), Some("xoxb-bot-token"));
     assert_eq!(post.body["channel"], "#ci-failures");
@@ -1193,15 +1230,15 @@ async fn an_idle_runner_past_max_idle_age_gets_a_new_registration_and_pod_regist
     );
     // Registered anew under the same name, also when the simulated runner
     // noticed its registration was gone and exited 0 before its pod was
-    // deleted (a race a loaded machine shows): that exit is the renewal's.
-    let renewed = world
-        .wait_runner("r-idle", "was renewed", |r| {
+    // deleted (a race a loaded machine shows): that exit is the recycling's.
+    let recycled = world
+        .wait_runner("r-idle", "was recycled", |r| {
             r.status
                 .as_ref()
                 .is_some_and(|s| s.runner_id != 0 && s.runner_id != first_id)
         })
         .await;
-    let status = renewed.status.unwrap();
+    let status = recycled.status.unwrap();
     assert!(
         status.failures.is_empty(),
         "not a failed start: {:?}",
@@ -1210,7 +1247,7 @@ async fn an_idle_runner_past_max_idle_age_gets_a_new_registration_and_pod_regist
     assert_ne!(
         status.phase,
         Some(EphemeralRunnerPhase::Succeeded),
-        "renewed, not finished"
+        "recycled, not finished"
     );
     if let Some(pod) = world.pods().get_opt("r-idle").await.unwrap() {
         assert_ne!(pod.metadata.uid, first_pod.metadata.uid);
