@@ -62,7 +62,7 @@ pub fn arcwright_binary() -> Result<PathBuf> {
         && newest > built
     {
         eprintln!(
-            "warning: {} is older than the host's sources: rebuild it with `cargo build{profile} -p arcwright --bin arcwright`",
+            "warning: {} is older than the host's sources: rebuild it with `cargo build{profile} --workspace --bin arcwright`",
             binary.display()
         );
     }
