@@ -26,7 +26,7 @@ use kube::Api;
 
 use crate::actions::{
     self, ActionsClient, ActionsError, AppCredentials, ClientOptions, ConfigUrl, Credentials,
-    ProxyConfig,
+    ProxyAuth, ProxyConfig,
 };
 use crate::unregistration::{Removal, Remover};
 
@@ -55,8 +55,11 @@ pub struct ProxyTarget {
     /// Hosts reached directly.
     pub no_proxy: Vec<String>,
     /// A Secret in the target's namespace with `username` and `password`
-    /// for the proxy.
-    pub credential_secret: Option<String>,
+    /// for the `http` proxy.
+    pub http_credential_secret: Option<String>,
+    /// The same for the `https` proxy: each proxy gets its own, so one's
+    /// password never reaches the other.
+    pub https_credential_secret: Option<String>,
 }
 
 /// Where a runner's (or a scale set's) GitHub configuration lives: ARC's
@@ -190,8 +193,16 @@ impl ActionsClientSource for ActionsClients {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Versions {
     secret: Option<String>,
-    proxy_secret: Option<String>,
+    proxy_secrets: [Option<String>; 2],
     ca_config_map: Option<String>,
+}
+
+/// The proxy credential Secrets a client was built from, `http`'s and
+/// `https`'s.
+#[derive(Default)]
+struct ProxySecrets {
+    http: Option<Secret>,
+    https: Option<Secret>,
 }
 
 /// One Actions client per credential, shared by the reconcilers, the
@@ -239,23 +250,23 @@ impl ActionsClients {
     /// Secret and CA ConfigMap) are unchanged, a new one otherwise.
     pub async fn get(&self, target: &GitHubTarget) -> Result<ActionsClient, CredentialsError> {
         let secret = self.secret(&target.namespace, &target.secret_name).await?;
-        let proxy_secret = match target
-            .proxy
-            .as_ref()
-            .and_then(|p| p.credential_secret.as_deref())
-        {
-            Some(name) => Some(self.secret(&target.namespace, name).await?),
-            None => None,
-        };
+        let mut proxy_secrets = ProxySecrets::default();
+        if let Some(proxy) = &target.proxy {
+            if let Some(name) = &proxy.http_credential_secret {
+                proxy_secrets.http = Some(self.secret(&target.namespace, name).await?);
+            }
+            if let Some(name) = &proxy.https_credential_secret {
+                proxy_secrets.https = Some(self.secret(&target.namespace, name).await?);
+            }
+        }
         let ca = match &target.ca_config_map {
             Some((name, key)) => Some(self.ca_bundle(&target.namespace, name, key).await?),
             None => None,
         };
         let versions = Versions {
             secret: secret.metadata.resource_version.clone(),
-            proxy_secret: proxy_secret
-                .as_ref()
-                .and_then(|s| s.metadata.resource_version.clone()),
+            proxy_secrets: [&proxy_secrets.http, &proxy_secrets.https]
+                .map(|s| s.as_ref().and_then(|s| s.metadata.resource_version.clone())),
             ca_config_map: ca.as_ref().and_then(|(version, _)| version.clone()),
         };
 
@@ -268,7 +279,7 @@ impl ActionsClients {
         let client = build_client(
             target,
             &secret,
-            proxy_secret.as_ref(),
+            &proxy_secrets,
             ca.map(|(_, pem)| pem),
             &self.options,
         )?;
@@ -464,7 +475,7 @@ fn reason_of(err: ActionsError) -> String {
 fn build_client(
     target: &GitHubTarget,
     secret: &Secret,
-    proxy_secret: Option<&Secret>,
+    proxy_secrets: &ProxySecrets,
     ca_pem: Option<String>,
     options: &ClientOptions,
 ) -> Result<ActionsClient, CredentialsError> {
@@ -475,7 +486,7 @@ fn build_client(
         secret.data.as_ref().unwrap_or(&empty),
     )?;
     let proxy = match &target.proxy {
-        Some(proxy) => Some(proxy_config(&target.namespace, proxy, proxy_secret)?),
+        Some(proxy) => Some(proxy_config(&target.namespace, proxy, proxy_secrets)?),
         None => options.proxy.clone(),
     };
     let options = ClientOptions {
@@ -494,32 +505,35 @@ fn build_client(
 fn proxy_config(
     namespace: &str,
     proxy: &ProxyTarget,
-    secret: Option<&Secret>,
+    secrets: &ProxySecrets,
 ) -> Result<ProxyConfig, CredentialsError> {
-    let (username, password) = match (secret, &proxy.credential_secret) {
-        (Some(secret), Some(name)) => {
-            let object = Object {
-                kind: "secret",
-                namespace,
-                name,
-            };
-            let empty = BTreeMap::new();
-            let data = secret.data.as_ref().unwrap_or(&empty);
-            (
-                Some(object.required(data, PROXY_USERNAME_KEY)?),
-                object
-                    .text(data, PROXY_PASSWORD_KEY)?
-                    .map(actions::Secret::new),
-            )
-        }
-        _ => (None, None),
+    let auth = |secret: Option<&Secret>, name: Option<&String>| -> Result<_, CredentialsError> {
+        let (Some(secret), Some(name)) = (secret, name) else {
+            return Ok(None);
+        };
+        let object = Object {
+            kind: "secret",
+            namespace,
+            name,
+        };
+        let empty = BTreeMap::new();
+        let data = secret.data.as_ref().unwrap_or(&empty);
+        Ok(Some(ProxyAuth {
+            username: object.required(data, PROXY_USERNAME_KEY)?,
+            password: object
+                .text(data, PROXY_PASSWORD_KEY)?
+                .map(actions::Secret::new),
+        }))
     };
     Ok(ProxyConfig {
         http: proxy.http_url.clone(),
         https: proxy.https_url.clone(),
         no_proxy: proxy.no_proxy.clone(),
-        username,
-        password,
+        http_auth: auth(secrets.http.as_ref(), proxy.http_credential_secret.as_ref())?,
+        https_auth: auth(
+            secrets.https.as_ref(),
+            proxy.https_credential_secret.as_ref(),
+        )?,
     })
 }
 

@@ -1,18 +1,22 @@
 //! The Actions client's transport: what goes on the wire (headers, query,
 //! authorisation schemes), through an authenticating HTTP proxy, and over
-//! TLS to a server whose certificate only a custom CA vouches for.
+//! TLS to a server whose certificate only a custom CA vouches for; and what
+//! a hostile server named in a tenant's `githubConfigUrl` cannot do: fill
+//! the host's memory, hold a call forever, receive a token over plain http
+//! or a proxy's password.
 //!
 //! The proxy and the TLS terminator in front of the fake are the small
 //! blocking relays of the `relay` module.
 
 mod relay;
 
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arcwright::actions::{
-    ActionsClient, ActionsError, ClientOptions, ConfigUrl, Credentials, Label, ProxyConfig,
-    RunnerScaleSet, Secret,
+    ActionsClient, ActionsError, ClientOptions, ConfigUrl, Credentials, Label, ProxyAuth,
+    ProxyConfig, RetryPolicy, RunnerScaleSet, Secret,
 };
 use base64::Engine as _;
 use fake_actions::{Endpoint, FakeActions, FakeConfig, JobSpec};
@@ -33,8 +37,7 @@ async fn every_call_goes_through_the_proxy_with_the_protocols_headers() {
         ClientOptions {
             proxy: Some(ProxyConfig {
                 http: Some(format!("http://{proxy}")),
-                username: Some("proxy-user".into()),
-                password: Some(Secret::new("proxy-pass")),
+                http_auth: Some(ProxyAuth::new("proxy-user", "proxy-pass")),
                 ..ProxyConfig::default()
             }),
             ..options()
@@ -221,5 +224,306 @@ async fn a_custom_ca_is_trusted_and_required() {
     assert_eq!(
         fake.control().counters().calls(Endpoint::RegistrationToken),
         1
+    );
+}
+
+/// How a hostile server answers every request.
+#[derive(Clone, Copy)]
+enum Hostile {
+    /// 200 with a chunked body of JSON whitespace that never ends.
+    Endless,
+    /// 200 claiming a 3 GiB body (a tenant's registration-token answer in
+    /// the review that found this).
+    Huge,
+    /// 500 with a body that never ends.
+    EndlessError,
+    /// 200, then the body one byte every 100 ms.
+    Dribble,
+}
+
+/// A server that answers as `how`, and the number of bytes it managed to
+/// send in all.
+async fn hostile_server(how: Hostile) -> (std::net::SocketAddr, Arc<AtomicU64>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let sent = Arc::new(AtomicU64::new(0));
+    let count = sent.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let status = match how {
+                    Hostile::EndlessError => "500 Internal Server Error",
+                    _ => "200 OK",
+                };
+                let framing = match how {
+                    Hostile::Huge => "content-length: 3221225472",
+                    _ => "transfer-encoding: chunked",
+                };
+                let head = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{framing}\r\n\r\n"
+                );
+                if stream.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let chunk = match how {
+                    Hostile::Dribble => b"1\r\n \r\n".to_vec(),
+                    Hostile::Huge => vec![b' '; 64 * 1024],
+                    _ => {
+                        let mut chunk = format!("{:x}\r\n", 64 * 1024).into_bytes();
+                        chunk.extend(std::iter::repeat_n(b' ', 64 * 1024));
+                        chunk.extend(b"\r\n");
+                        chunk
+                    }
+                };
+                loop {
+                    if stream.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                    count.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    if matches!(how, Hostile::Dribble) {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            });
+        }
+    });
+    (addr, sent)
+}
+
+/// A client of the organisation `hostile` on `addr` (a GitHub Enterprise
+/// Server URL, so its first call, the registration token, goes there).
+fn client_of(addr: std::net::SocketAddr, options: ClientOptions) -> ActionsClient {
+    ActionsClient::new(
+        ConfigUrl::parse(&format!("http://{addr}/hostile")).unwrap(),
+        Credentials::Token(Secret::new("ghp_tenant_token")),
+        options,
+    )
+    .unwrap()
+}
+
+/// This process's resident set, from `/proc/self/status`.
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+#[tokio::test]
+async fn a_body_is_read_to_its_calls_limit_and_no_further() {
+    let before = rss_bytes();
+    for how in [Hostile::Endless, Hostile::Huge] {
+        let (addr, sent) = hostile_server(how).await;
+        let err = client_of(addr, options())
+            .get_runner_group_by_name("Default")
+            .await
+            .expect_err("no token in an endless body");
+        let shown = err.to_string();
+        assert!(
+            shown.contains("longer than the 1048576 bytes"),
+            "a size error, not a timeout or a decode error: {shown}"
+        );
+        // Nothing is retried: the next answer would be as long.
+        let sent = sent.load(Ordering::Relaxed);
+        assert!(sent < 64 * 1024 * 1024, "{sent} bytes were drawn");
+    }
+    // An error's body is cut where its message stops being useful, and the
+    // 500 is still reported as the service's answer.
+    let (addr, _) = hostile_server(Hostile::EndlessError).await;
+    let quick = ClientOptions {
+        retry: RetryPolicy {
+            max_retries: 1,
+            ..options().retry
+        },
+        ..options()
+    };
+    let err = client_of(addr, quick)
+        .get_runner_group_by_name("Default")
+        .await
+        .expect_err("a 500");
+    let shown = err.to_string();
+    assert!(
+        shown.contains("answered 500"),
+        "{}",
+        &shown[..shown.len().min(300)]
+    );
+    assert!(
+        shown.len() < 80 * 1024,
+        "a message of {} bytes",
+        shown.len()
+    );
+    let grown = rss_bytes().saturating_sub(before);
+    assert!(
+        grown < 256 * 1024 * 1024,
+        "the resident set grew by {} MiB",
+        grown / (1024 * 1024)
+    );
+}
+
+#[tokio::test]
+async fn a_body_dribbled_a_byte_at_a_time_ends_at_the_calls_timeout() {
+    let (addr, _) = hostile_server(Hostile::Dribble).await;
+    let client = client_of(
+        addr,
+        ClientOptions {
+            timeout: Duration::from_secs(1),
+            retry: RetryPolicy {
+                max_retries: 0,
+                ..options().retry
+            },
+            ..options()
+        },
+    );
+    let err = client
+        .get_runner_group_by_name("Default")
+        .await
+        .expect_err("no answer");
+    assert!(
+        err.to_string().contains("no response within 1s"),
+        "a timeout, whatever the body's progress: {err}"
+    );
+}
+
+#[tokio::test]
+async fn no_token_is_sent_over_plain_http_unless_allowed() {
+    let fake = FakeActions::start(FakeConfig::default()).await.unwrap();
+    let strict = ClientOptions {
+        allow_plain_http: false,
+        ..options()
+    };
+    // A plain-http configuration URL is refused before anything is sent.
+    let err = ActionsClient::new(
+        ConfigUrl::parse(&fake.org_url("octo-org")).unwrap(),
+        Credentials::Token(Secret::new(fake.pat())),
+        strict.clone(),
+    )
+    .expect_err("plain http refused");
+    assert!(err.to_string().contains("plain http"), "{err}");
+    assert_eq!(fake.control().counters().total_calls(), 0);
+
+    // Over https, a service URL the answer points at plain http (the fake
+    // knows only its own http address) is not called with the admin token.
+    let pki = pki();
+    let (tls, _) = start_tls_terminator(pki.server, fake.addr(), fake.url().to_string());
+    let client = ActionsClient::new(
+        ConfigUrl::parse(&format!("https://localhost:{}/octo-org", tls.port())).unwrap(),
+        Credentials::Token(Secret::new(fake.pat())),
+        ClientOptions {
+            root_ca_pem: Some(pki.ca_pem.clone()),
+            ..strict
+        },
+    )
+    .unwrap();
+    match client.get_runner_group_by_name("Default").await {
+        Err(ActionsError::PlainHttpRefused { url, .. }) => {
+            assert!(url.starts_with("http://127.0.0.1"), "{url}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let counters = fake.control().counters();
+    assert_eq!(counters.calls(Endpoint::RunnerRegistration), 1);
+    assert_eq!(counters.calls(Endpoint::GetRunnerGroupByName), 0);
+}
+
+#[tokio::test]
+async fn each_proxy_is_sent_its_own_credentials_and_no_one_else_is() {
+    let fake = FakeActions::start(FakeConfig::default()).await.unwrap();
+    let (http_proxy, http_seen) = start_proxy();
+    let (https_proxy, https_seen) = start_proxy();
+    let pki = pki();
+    let (tls, _) = start_tls_terminator(pki.server, fake.addr(), fake.url().to_string());
+    let proxies = ProxyConfig {
+        http: Some(format!("http://{http_proxy}")),
+        https: Some(format!("http://{https_proxy}")),
+        http_auth: Some(ProxyAuth::new("http-user", "http-pass")),
+        https_auth: Some(ProxyAuth::new("https-user", "https-pass")),
+        ..ProxyConfig::default()
+    };
+    // GitHub over https (through the https proxy, a CONNECT tunnel), the
+    // service the fake names over http (through the http proxy).
+    let client = ActionsClient::new(
+        ConfigUrl::parse(&format!("https://localhost:{}/octo-org", tls.port())).unwrap(),
+        Credentials::Token(Secret::new(fake.pat())),
+        ClientOptions {
+            root_ca_pem: Some(pki.ca_pem.clone()),
+            proxy: Some(proxies.clone()),
+            ..options()
+        },
+    )
+    .unwrap();
+    client.get_runner_group_by_name("Default").await.unwrap();
+    let basic = |user: &str, pass: &str| {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
+        )
+    };
+    let auth_of = |seen: &std::sync::Mutex<Vec<Request>>| -> Vec<(String, Option<String>)> {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r.method.clone(),
+                    r.header("proxy-authorization").map(str::to_owned),
+                )
+            })
+            .collect()
+    };
+    let tunnels = auth_of(&https_seen);
+    assert!(!tunnels.is_empty());
+    for (method, auth) in &tunnels {
+        assert_eq!(method, "CONNECT");
+        assert_eq!(
+            auth.as_deref(),
+            Some(basic("https-user", "https-pass").as_str())
+        );
+    }
+    let forwarded = auth_of(&http_seen);
+    assert!(!forwarded.is_empty());
+    for (method, auth) in &forwarded {
+        assert_ne!(method, "CONNECT");
+        assert_eq!(
+            auth.as_deref(),
+            Some(basic("http-user", "http-pass").as_str())
+        );
+    }
+
+    // A host reached directly (no_proxy) gets no proxy's credentials.
+    let (direct, direct_seen) = start_proxy();
+    let bypassing = ActionsClient::new(
+        ConfigUrl::parse(&format!("http://{direct}/octo-org")).unwrap(),
+        Credentials::Token(Secret::new(fake.pat())),
+        ClientOptions {
+            proxy: Some(ProxyConfig {
+                no_proxy: vec!["127.0.0.1".into()],
+                ..proxies
+            }),
+            ..options()
+        },
+    )
+    .unwrap();
+    let _ = bypassing.get_runner_group_by_name("Default").await;
+    let reached = auth_of(&direct_seen);
+    assert!(!reached.is_empty(), "the direct host was called");
+    assert!(
+        reached.iter().all(|(_, auth)| auth.is_none()),
+        "{reached:?}"
     );
 }

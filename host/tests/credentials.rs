@@ -28,6 +28,7 @@ fn fast_options() -> ClientOptions {
             max_delay: Duration::from_millis(40),
             max_retry_after: Duration::from_secs(1),
         },
+        allow_plain_http: true,
         ..ClientOptions::default()
     }
 }
@@ -405,7 +406,7 @@ async fn the_ca_bundle_and_proxy_credentials_are_read_from_their_references() {
     let with_proxy = |secret: &str| GitHubTarget {
         proxy: Some(ProxyTarget {
             https_url: Some("http://proxy.invalid:3128".into()),
-            credential_secret: Some(secret.to_string()),
+            https_credential_secret: Some(secret.to_string()),
             ..ProxyTarget::default()
         }),
         ..target(&env, &fake, "github")

@@ -38,6 +38,7 @@ fn fast_options() -> ClientOptions {
             max_delay: Duration::from_millis(40),
             max_retry_after: Duration::from_secs(5),
         },
+        allow_plain_http: true,
         ..ClientOptions::default()
     }
 }

@@ -359,6 +359,8 @@ async fn a_standby_takes_over_from_a_killed_leader() {
         &ns,
         "--lease-duration",
         "3s",
+        // The fake speaks plain http.
+        "--allow-plain-http",
     ];
     let leases: Api<Lease> = Api::namespaced(env.client(), &ns);
     let holder = || async {

@@ -7,8 +7,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use arcwright::runtime::options::{
-    ControllerOptions, DebugOptions, ElectionOptions, HttpOptions, KubeOptions, KubeSource,
-    PolicyOptions, RunOptions, ShutdownOptions, WatchOptions, WatchScope,
+    ActionsOptions, ControllerOptions, DebugOptions, ElectionOptions, HttpOptions, KubeOptions,
+    KubeSource, PolicyOptions, RunOptions, ShutdownOptions, WatchOptions, WatchScope,
 };
 use arcwright::telemetry::{LogFormat, LogOptions};
 use clap::Parser;
@@ -41,6 +41,9 @@ const VARS: &[&str] = &[
     "ARCWRIGHT_SLACK_SIGNING_SECRET_FILE",
     "ARCWRIGHT_SLACK_EXTEND_BY",
     "ARCWRIGHT_MESSAGE_BATCH_WINDOW",
+    "ARCWRIGHT_REGISTRATION_TIMEOUT",
+    "ARCWRIGHT_MAX_RUNNERS_PER_SCALE_SET",
+    "ARCWRIGHT_ALLOW_PLAIN_HTTP",
 ];
 
 /// Parses `args` with exactly the `env` variables of ours set.
@@ -90,7 +93,12 @@ fn expected() -> RunOptions {
             unregistration_workers: 12,
             runner_failure_limit: 3,
             runner_failure_backoff: Duration::from_millis(500),
+            registration_timeout: Duration::from_secs(1200),
+            max_runners_per_scale_set: 250,
             message_batch_window: Duration::from_millis(250),
+        },
+        actions: ActionsOptions {
+            allow_plain_http: true,
         },
         shutdown: ShutdownOptions {
             shutdown_timeout: Duration::from_secs(90),
@@ -138,6 +146,11 @@ fn every_flag_is_read() {
             "500ms",
             "--message-batch-window",
             "250ms",
+            "--registration-timeout",
+            "20m",
+            "--max-runners-per-scale-set",
+            "250",
+            "--allow-plain-http",
             "--shutdown-timeout",
             "1m30s",
             "--leader-elect",
@@ -177,6 +190,9 @@ fn every_flag_falls_back_to_its_environment_variable() {
             ("ARCWRIGHT_RUNNER_FAILURE_LIMIT", "3"),
             ("ARCWRIGHT_RUNNER_FAILURE_BACKOFF", "500ms"),
             ("ARCWRIGHT_MESSAGE_BATCH_WINDOW", "250ms"),
+            ("ARCWRIGHT_REGISTRATION_TIMEOUT", "1200s"),
+            ("ARCWRIGHT_MAX_RUNNERS_PER_SCALE_SET", "250"),
+            ("ARCWRIGHT_ALLOW_PLAIN_HTTP", "true"),
             ("ARCWRIGHT_SHUTDOWN_TIMEOUT", "90s"),
             ("ARCWRIGHT_LEADER_ELECT", "true"),
             ("ARCWRIGHT_LEADER_ELECTION_NAMESPACE", "arcwright-system"),

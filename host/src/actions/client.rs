@@ -102,6 +102,10 @@ impl SystemInfo {
 /// `ProxyConfig` replaces the environment entirely, so
 /// `ProxyConfig::default()` means "connect directly, whatever the
 /// environment says".
+///
+/// Each proxy has its own credentials, sent to it alone: the `http` and
+/// `https` proxies may be different servers, and one's password must not
+/// reach the other (nor any host reached directly).
 #[derive(Clone, Default)]
 pub struct ProxyConfig {
     /// The proxy for `http://` URLs.
@@ -110,10 +114,29 @@ pub struct ProxyConfig {
     pub https: Option<String>,
     /// Hosts (and `.domain` suffixes, IPs, CIDRs) reached directly.
     pub no_proxy: Vec<String>,
-    /// Basic-auth user name for the proxy.
-    pub username: Option<String>,
-    /// Basic-auth password for the proxy.
+    /// Basic-auth credentials for the `http` proxy.
+    pub http_auth: Option<ProxyAuth>,
+    /// Basic-auth credentials for the `https` proxy.
+    pub https_auth: Option<ProxyAuth>,
+}
+
+/// Basic-auth credentials for one proxy.
+#[derive(Clone, Debug)]
+pub struct ProxyAuth {
+    /// The user name.
+    pub username: String,
+    /// The password, if the proxy wants one.
     pub password: Option<Secret>,
+}
+
+impl ProxyAuth {
+    /// A user name and password.
+    pub fn new(username: impl Into<String>, password: impl Into<String>) -> Self {
+        Self {
+            username: username.into(),
+            password: Some(Secret::new(password)),
+        }
+    }
 }
 
 impl fmt::Debug for ProxyConfig {
@@ -122,8 +145,8 @@ impl fmt::Debug for ProxyConfig {
             .field("http", &self.http.as_deref().map(redact_userinfo))
             .field("https", &self.https.as_deref().map(redact_userinfo))
             .field("no_proxy", &self.no_proxy)
-            .field("username", &self.username)
-            .field("password", &self.password)
+            .field("http_auth", &self.http_auth)
+            .field("https_auth", &self.https_auth)
             .finish()
     }
 }
@@ -161,6 +184,13 @@ pub struct ClientOptions {
     pub proxy: Option<ProxyConfig>,
     /// Where every attempt is counted.
     pub metrics: ActionsMetrics,
+    /// Whether calls may go over plain `http`. Off, every call to an `http`
+    /// URL (the configuration URL, or a service or message-queue URL the
+    /// service hands back) fails with [`ActionsError::PlainHttpRefused`]
+    /// before anything is sent, so no token crosses a network in clear text
+    /// because a manifest said `http://`. Tests and labs against a local
+    /// fake turn it on.
+    pub allow_plain_http: bool,
 }
 
 impl Default for ClientOptions {
@@ -173,6 +203,7 @@ impl Default for ClientOptions {
             root_ca_pem: None,
             proxy: None,
             metrics: ActionsMetrics::default(),
+            allow_plain_http: false,
         }
     }
 }
@@ -355,12 +386,13 @@ pub(crate) fn build_http(options: &ClientOptions) -> Result<reqwest::Client, Act
         // given for one scheme does not leave the other to HTTP_PROXY.
         builder = builder.no_proxy();
         let no_proxy = reqwest::NoProxy::from_string(&proxy.no_proxy.join(","));
-        let configure = |p: reqwest::Proxy| {
-            let p = match (&proxy.username, &proxy.password) {
-                (Some(user), password) => {
-                    p.basic_auth(user, password.as_ref().map(Secret::expose).unwrap_or(""))
-                }
-                (None, _) => p,
+        let configure = |p: reqwest::Proxy, auth: &Option<ProxyAuth>| {
+            let p = match auth {
+                Some(auth) => p.basic_auth(
+                    &auth.username,
+                    auth.password.as_ref().map(Secret::expose).unwrap_or(""),
+                ),
+                None => p,
             };
             p.no_proxy(no_proxy.clone())
         };
@@ -371,7 +403,7 @@ pub(crate) fn build_http(options: &ClientOptions) -> Result<reqwest::Client, Act
                     redact_userinfo(url)
                 ))
             })?;
-            builder = builder.proxy(configure(p));
+            builder = builder.proxy(configure(p, &proxy.http_auth));
         }
         if let Some(url) = &proxy.https {
             let p = reqwest::Proxy::https(url.as_str()).map_err(|_| {
@@ -380,7 +412,7 @@ pub(crate) fn build_http(options: &ClientOptions) -> Result<reqwest::Client, Act
                     redact_userinfo(url)
                 ))
             })?;
-            builder = builder.proxy(configure(p));
+            builder = builder.proxy(configure(p, &proxy.https_auth));
         }
     }
     builder
@@ -395,6 +427,45 @@ pub(crate) fn with_api_version(mut url: Url) -> Url {
             .append_pair("api-version", API_VERSION);
     }
     url
+}
+
+/// The most bytes of an error response kept for its message. Longer bodies
+/// (an HTML error page, or a server that never stops) are cut here: the
+/// status already says the call failed, and a message this long helps no
+/// one.
+const ERROR_BODY_LIMIT: usize = 64 * 1024;
+
+/// A response body read to at most a limit.
+struct Capped {
+    body: Vec<u8>,
+    /// Whether the body went on past the limit (the rest is not read; the
+    /// connection is dropped with the response).
+    cut: bool,
+}
+
+/// Reads a body chunk by chunk and stops at `limit`, so memory is bounded
+/// by what the call accepts rather than by what the server sends. A
+/// `Content-Length` above the limit is refused before anything is read.
+async fn read_capped(mut response: reqwest::Response, limit: usize) -> reqwest::Result<Capped> {
+    if response
+        .content_length()
+        .is_some_and(|length| length > limit as u64)
+    {
+        return Ok(Capped {
+            body: Vec::new(),
+            cut: true,
+        });
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        let room = limit - body.len();
+        if chunk.len() > room {
+            body.extend_from_slice(&chunk[..room]);
+            return Ok(Capped { body, cut: true });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Capped { body, cut: false })
 }
 
 /// Replaces every occurrence of the given secrets in a service message, so
@@ -429,6 +500,14 @@ impl ActionsClient {
             return Err(ActionsError::InvalidCredentials(
                 "the GitHub token is empty".into(),
             ));
+        }
+        if config_url.url().scheme() == "http" && !options.allow_plain_http {
+            return Err(ActionsError::InvalidConfigUrl {
+                url: config_url.url().to_string(),
+                reason: "plain http would carry the credentials in clear text; use https \
+                         (--allow-plain-http permits it in tests and labs)"
+                    .into(),
+            });
         }
         let http = build_http(&options)?;
         let user_agent =
@@ -476,6 +555,14 @@ impl ActionsClient {
                 )
             })?;
         authorization.set_sensitive(true);
+        if call.url.scheme() == "http" && !self.inner.options.allow_plain_http {
+            let mut shown = call.url.clone();
+            shown.set_query(None);
+            return Err(ActionsError::PlainHttpRefused {
+                operation: call.operation,
+                url: shown.to_string(),
+            });
+        }
 
         loop {
             let mut request = self
@@ -498,7 +585,12 @@ impl ActionsClient {
                 let response = request.send().await?;
                 let status = response.status().as_u16();
                 let headers = response.headers().clone();
-                let body = response.bytes().await?;
+                let limit = if (200..300).contains(&status) {
+                    call.operation.body_limit()
+                } else {
+                    ERROR_BODY_LIMIT
+                };
+                let body = read_capped(response, limit).await?;
                 Ok::<_, reqwest::Error>((status, headers, body))
             })
             .await;
@@ -506,14 +598,21 @@ impl ActionsClient {
             // The error to report if this attempt is the last, and what the
             // retry policy needs to know about it.
             let (error, retry_after, kind) = match attempt {
-                Ok(Ok((status, _headers, body))) if (200..300).contains(&status) => {
+                Ok(Ok((status, _, Capped { cut: true, .. }))) if (200..300).contains(&status) => {
+                    self.inner.options.metrics.attempt(call.operation, false);
+                    return Err(ActionsError::BodyTooLarge {
+                        operation: call.operation,
+                        limit: call.operation.body_limit(),
+                    });
+                }
+                Ok(Ok((status, _headers, Capped { body, .. }))) if (200..300).contains(&status) => {
                     self.inner.options.metrics.attempt(call.operation, true);
                     return Ok(Response {
                         status,
                         body: strip_bom(&body).to_vec(),
                     });
                 }
-                Ok(Ok((status, headers, body))) => {
+                Ok(Ok((status, headers, Capped { body, .. }))) => {
                     let request_id = header_str(&headers, "ActivityId")
                         .or_else(|| header_str(&headers, "X-GitHub-Request-Id"));
                     let content_type = header_str(&headers, CONTENT_TYPE.as_str());

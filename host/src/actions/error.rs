@@ -188,6 +188,33 @@ pub enum ActionsError {
         retries: u32,
     },
 
+    /// A response body was longer than the call allows. A service that
+    /// streams without end (or a hostile server named in a tenant's
+    /// `githubConfigUrl`) must not be able to fill the host's memory, so the
+    /// read stops at the limit and the call fails; it is not retried, since
+    /// the next answer is as likely to be as long.
+    #[error("{operation}: the response body is longer than the {limit} bytes this call accepts")]
+    BodyTooLarge {
+        /// The call that failed.
+        operation: Operation,
+        /// The most bytes the call reads.
+        limit: usize,
+    },
+
+    /// The call would have gone over plain `http`, carrying a token in clear
+    /// text. Only a host run with `--allow-plain-http` (tests and labs) makes
+    /// such calls.
+    #[error(
+        "{operation}: refusing to call {url} over plain http (an https URL is required; \
+         --allow-plain-http permits it in tests and labs)"
+    )]
+    PlainHttpRefused {
+        /// The call that was refused.
+        operation: Operation,
+        /// The URL, without its query.
+        url: String,
+    },
+
     /// A successful response did not have the expected shape.
     #[error("{operation}: the response cannot be decoded: {reason}")]
     Decode {
@@ -222,6 +249,8 @@ impl ActionsError {
             Self::Transport { .. } => "transport",
             Self::Timeout { .. } => "timeout",
             Self::Decode { .. } => "decode",
+            Self::BodyTooLarge { .. } => "body_too_large",
+            Self::PlainHttpRefused { .. } => "plain_http_refused",
         }
     }
 

@@ -32,7 +32,7 @@ pub mod types;
 
 pub use auth::{AdminToken, AppCredentials, Credentials, Secret};
 pub(crate) use client::build_http;
-pub use client::{API_VERSION, ActionsClient, ClientOptions, ProxyConfig, SystemInfo};
+pub use client::{API_VERSION, ActionsClient, ClientOptions, ProxyAuth, ProxyConfig, SystemInfo};
 pub use config_url::{ConfigUrl, Scope};
 pub use error::ActionsError;
 pub use metrics::ActionsMetrics;

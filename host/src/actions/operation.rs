@@ -129,6 +129,18 @@ impl Operation {
         )
     }
 
+    /// The most bytes a successful response of this call is read to.
+    ///
+    /// Generous for what the protocol sends (a message batch of a few
+    /// hundred jobs is well under a MiB, everything else a few KiB) and far
+    /// below what would hurt a host serving hundreds of scale sets at once.
+    pub(crate) fn body_limit(self) -> usize {
+        match self {
+            Self::GetMessage => 4 * 1024 * 1024,
+            _ => 1024 * 1024,
+        }
+    }
+
     /// Calls authorised by the message queue token rather than the admin
     /// token; a 401 on them means the queue token expired.
     pub(crate) fn uses_queue_token(self) -> bool {

@@ -26,8 +26,8 @@ use crate::credentials::{GitHubTarget, ProxyTarget};
 /// Where a GitHub configuration lives, for the shared credentials cache,
 /// from the fields an AutoscalingRunnerSet and its runners both carry.
 ///
-/// The CRD gives each proxy server its own credential Secret; the client
-/// takes one, the `https` one first since GitHub is reached over HTTPS.
+/// The CRD gives each proxy server its own credential Secret, and each
+/// proxy is sent its own alone.
 pub fn github_target(
     namespace: &str,
     config_url: &str,
@@ -43,10 +43,14 @@ pub fn github_target(
             http_url: proxy.http.as_ref().map(|server| server.url.clone()),
             https_url: proxy.https.as_ref().map(|server| server.url.clone()),
             no_proxy: proxy.no_proxy.clone(),
-            credential_secret: [&proxy.https, &proxy.http]
-                .into_iter()
-                .flatten()
-                .find_map(|server| server.credential_secret_ref.clone()),
+            http_credential_secret: proxy
+                .http
+                .as_ref()
+                .and_then(|server| server.credential_secret_ref.clone()),
+            https_credential_secret: proxy
+                .https
+                .as_ref()
+                .and_then(|server| server.credential_secret_ref.clone()),
         }),
         ca_config_map: tls
             .and_then(|tls| tls.certificate_from.as_ref())

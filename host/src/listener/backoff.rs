@@ -127,6 +127,8 @@ pub fn recovery(error: &ActionsError) -> Recovery {
         E::Transport { .. } | E::Timeout { .. } => (Cause::ServiceUnavailable, false),
         E::Status { .. }
         | E::Decode { .. }
+        | E::BodyTooLarge { .. }
+        | E::PlainHttpRefused { .. }
         | E::InvalidConfigUrl { .. }
         | E::ClientSetup(_)
         | E::RunnerExists { .. }

@@ -265,6 +265,10 @@ pub struct Shared {
     pub runner_failure_limit: u16,
     /// The first wait between a runner's failed starts.
     pub runner_failure_backoff: Duration,
+    /// How long a started runner may take to come online.
+    pub registration_timeout: Duration,
+    /// The most runners one scale set has.
+    pub max_runners_per_scale_set: u32,
     /// The least time from a message to a listener's next poll.
     pub message_batch_window: Duration,
     /// One Actions client per GitHub credential, shared by the
@@ -364,6 +368,7 @@ impl Shared {
         let engine = PolicyEngine::new(EngineConfig::default()).map_err(RuntimeError::Policy)?;
         let actions = ClientOptions {
             metrics: metrics.register(ActionsMetrics::register),
+            allow_plain_http: options.actions.allow_plain_http,
             ..ClientOptions::default()
         };
         let defaults = read_default_policies(options.policies.default_policies.as_deref())?;
@@ -395,6 +400,8 @@ impl Shared {
             unregistration_workers: options.controllers.unregistration_workers,
             runner_failure_limit: options.controllers.runner_failure_limit,
             runner_failure_backoff: options.controllers.runner_failure_backoff,
+            registration_timeout: options.controllers.registration_timeout,
+            max_runners_per_scale_set: options.controllers.max_runners_per_scale_set,
             message_batch_window: options.controllers.message_batch_window,
         })
     }
@@ -705,8 +712,8 @@ mod tests {
 
     use super::*;
     use crate::runtime::options::{
-        ControllerOptions, ElectionOptions, HttpOptions, KubeOptions, PolicyOptions,
-        ShutdownOptions, WatchOptions,
+        ActionsOptions, ControllerOptions, ElectionOptions, HttpOptions, KubeOptions,
+        PolicyOptions, ShutdownOptions, WatchOptions,
     };
     use crate::telemetry::{LogFormat, LogOptions};
 
@@ -735,7 +742,12 @@ mod tests {
                 unregistration_workers: 5,
                 runner_failure_limit: 5,
                 runner_failure_backoff: Duration::from_secs(5),
+                registration_timeout: Duration::from_secs(600),
+                max_runners_per_scale_set: 1000,
                 message_batch_window: Duration::from_secs(2),
+            },
+            actions: ActionsOptions {
+                allow_plain_http: false,
             },
             shutdown: ShutdownOptions {
                 shutdown_timeout: Duration::from_secs(10),

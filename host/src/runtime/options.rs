@@ -27,6 +27,9 @@ pub struct RunOptions {
     /// Logging.
     #[command(flatten, next_help_heading = "Logging")]
     pub log: LogOptions,
+    /// How the Actions service is reached.
+    #[command(flatten, next_help_heading = "Actions service")]
+    pub actions: ActionsOptions,
     /// How much work runs at once.
     #[command(flatten, next_help_heading = "Controllers")]
     pub controllers: ControllerOptions,
@@ -275,6 +278,18 @@ pub struct HttpOptions {
     pub listen_address: SocketAddr,
 }
 
+/// How the Actions service is reached.
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
+pub struct ActionsOptions {
+    /// Allow `http://` configuration and service URLs. Off, a scale set
+    /// whose `githubConfigUrl` is plain http fails with a condition saying
+    /// so, and no call the service's answers point at plain http is made:
+    /// tokens never cross a network in clear text. For tests and labs
+    /// against a local fake.
+    #[arg(long, env = "ARCWRIGHT_ALLOW_PLAIN_HTTP")]
+    pub allow_plain_http: bool,
+}
+
 /// How much work runs at once.
 #[derive(Clone, Debug, PartialEq, Eq, Args)]
 pub struct ControllerOptions {
@@ -317,6 +332,31 @@ pub struct ControllerOptions {
         value_parser = parse_positive_duration
     )]
     pub runner_failure_backoff: Duration,
+    /// How long a runner may take, from its container's start, to be seen
+    /// online by the Actions service before it is removed and recreated
+    /// (ARC: 10 minutes, counted from the pod's creation). A scale set's
+    /// `spec.registrationTimeout` overrides it.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_REGISTRATION_TIMEOUT",
+        value_name = "DURATION",
+        default_value = "10m",
+        value_parser = parse_positive_duration
+    )]
+    pub registration_timeout: Duration,
+    /// The most runners any one scale set has, whatever its `maxRunners`,
+    /// `minRunners` or scaling policy say: a typo or a policy answering
+    /// `u32::MAX` then costs this many registrations, not etcd and the
+    /// Actions rate limit. A decision above it is capped, and the scale
+    /// set's status says so.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_MAX_RUNNERS_PER_SCALE_SET",
+        value_name = "N",
+        default_value_t = 1000,
+        value_parser = clap::value_parser!(u32).range(1..=1_000_000)
+    )]
+    pub max_runners_per_scale_set: u32,
     /// The least time from one Actions message to a listener's next poll,
     /// so that a burst's job events arrive in a few large messages rather
     /// than many small ones (each costs a poll and an acknowledgement).
@@ -411,13 +451,17 @@ mod tests {
                     unregistration_workers,
                     runner_failure_limit,
                     runner_failure_backoff,
+                    registration_timeout,
+                    max_runners_per_scale_set,
                     message_batch_window,
                 },
             shutdown: ShutdownOptions { shutdown_timeout },
             election,
             policies,
             debug,
+            actions,
         } = parse(&[]).unwrap();
+        assert!(!actions.allow_plain_http, "tokens go over https only");
         assert_eq!(policies.default_policies, None);
         assert_eq!(debug.slack_api_url.as_str(), crate::slack::DEFAULT_API_URL);
         assert_eq!(debug.slack_signing_secret_file, None);
@@ -437,6 +481,8 @@ mod tests {
         assert_eq!(unregistration_workers, 4);
         assert_eq!(runner_failure_limit, 5);
         assert_eq!(runner_failure_backoff, Duration::from_secs(5));
+        assert_eq!(registration_timeout, Duration::from_secs(600));
+        assert_eq!(max_runners_per_scale_set, 1000);
         assert_eq!(message_batch_window, Duration::from_secs(2));
         assert_eq!(shutdown_timeout, Duration::from_secs(25));
     }

@@ -79,6 +79,7 @@ async fn ephemeral_runners(ctx: Context) -> Result<(), BoxError> {
             settings: Settings {
                 failure_limit: usize::from(shared.runner_failure_limit),
                 backoff_base: shared.runner_failure_backoff,
+                registration_timeout: shared.registration_timeout,
                 ..Settings::default()
             },
             ..Config::default()
@@ -100,6 +101,7 @@ async fn ephemeral_runner_sets(ctx: Context) -> Result<(), BoxError> {
         .prime(ephemeral_runner_set::CONTROLLER_NAME);
     let mut context = SetContext::new(shared.client.clone(), shared.runner_sets.clone());
     context.controller_metrics = shared.controllers.clone();
+    context.runner_cap = shared.max_runners_per_scale_set;
     let context = Arc::new(context);
     join_all(scopes.iter().map(|namespace| {
         ephemeral_runner_set::run(
@@ -154,7 +156,8 @@ async fn autoscaling_runner_sets(ctx: Context) -> Result<(), BoxError> {
             shared.policy.loader.clone(),
             Arc::clone(&shared.policy.reporter),
         )
-        .with_metrics(shared.controllers.clone()),
+        .with_metrics(shared.controllers.clone())
+        .with_runner_cap(shared.max_runners_per_scale_set),
     );
     join_all(scopes.iter().map(|namespace| {
         autoscaling_runner_set::run(

@@ -54,6 +54,7 @@ pub fn fast_client_options() -> arcwright::actions::ClientOptions {
             max_delay: Duration::from_millis(100),
             max_retry_after: Duration::from_secs(2),
         },
+        allow_plain_http: true,
         ..arcwright::actions::ClientOptions::default()
     }
 }

@@ -104,8 +104,9 @@ pub struct Usage {
 
 impl HostProcess {
     /// Starts `binary run --kubeconfig K --namespace NS --listen-address
-    /// 127.0.0.1:0 --log-format json` plus `extra`, output to `log`, and
-    /// waits until it says where it serves.
+    /// 127.0.0.1:0 --log-format json --allow-plain-http` (the fake speaks
+    /// plain http) plus `extra`, output to `log`, and waits until it says
+    /// where it serves.
     pub async fn start(
         binary: &Path,
         kubeconfig: &Path,
@@ -123,6 +124,7 @@ impl HostProcess {
             "127.0.0.1:0",
             "--log-format",
             "json",
+            "--allow-plain-http",
         ]
         .map(str::to_owned)
         .to_vec();

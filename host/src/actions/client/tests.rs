@@ -86,12 +86,14 @@ fn proxy_settings_are_applied_and_never_shown() {
         http: Some("http://proxy.example:3128".into()),
         https: Some("http://user:inline-pass@proxy.example:3128".into()),
         no_proxy: vec!["10.0.0.0/8".into(), ".internal".into()],
-        username: Some("proxy-user".into()),
-        password: Some(Secret::new("proxy-pass")),
+        http_auth: Some(ProxyAuth::new("proxy-user", "proxy-pass")),
+        https_auth: Some(ProxyAuth::new("other-user", "other-pass")),
     };
     let shown = format!("{proxy:?}");
     assert!(
-        !shown.contains("proxy-pass") && !shown.contains("inline-pass"),
+        !shown.contains("proxy-pass")
+            && !shown.contains("other-pass")
+            && !shown.contains("inline-pass"),
         "{shown}"
     );
     build_http(&ClientOptions {
