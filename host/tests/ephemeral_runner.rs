@@ -18,7 +18,7 @@ use arcwright::actions::{
 use arcwright::api::{DebugSpec, SecretKeyRef, SlackSpec};
 use arcwright::api::{
     EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec, EphemeralRunnerStatus,
-    RunnerRenewal, annotations::RENEWAL as RENEWAL_ANNOTATION,
+    RunnerRenewal, annotations::RENEWAL as RENEWAL_ANNOTATION, ephemeral_runner::RunnerCondition,
 };
 use arcwright::controllers::ephemeral_runner::{
     self, Config, Dependencies, SlackConfig, plan::Settings,
@@ -43,7 +43,7 @@ use k8s_openapi::api::core::v1::{Container, Event, Pod, PodSpec, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
-use runner_simulator::{Rule, Scenario, Simulator, SimulatorConfig, Stage};
+use runner_simulator::{Rule, Scenario, Simulator, SimulatorConfig, Stage, Step};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -655,6 +655,43 @@ async fn registration_timeout_recreates() {
             .iter()
             .any(|(reason, _)| reason == "RegistrationTimeout")
     );
+}
+
+#[tokio::test]
+async fn a_warm_up_longer_than_the_registration_timeout_is_not_a_failure() {
+    let settings = Settings {
+        registration_timeout: Duration::from_secs(2),
+        ..fast_settings()
+    };
+    let world = World::new("registration-warm-up", settings).await;
+    // Init containers that run for twice the timeout (seed 003's cache
+    // fill), then a runner that connects at once.
+    world.sim.add_rule(Rule::next(
+        1,
+        Scenario::succeed().with_init_delay(Duration::from_secs(4)),
+    ));
+    world.create_runner("r-warm").await;
+    let records = world
+        .sim
+        .wait_until(WAIT, |records| {
+            records.iter().any(|r| r.stage == Stage::Connected)
+        })
+        .await
+        .expect("a runner connected");
+    // The pod that connected is the first and only one: timed from pod
+    // creation, it would have been deleted during its warm-up.
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert!(records[0].when(Step::Initialising).is_some(), "{records:?}");
+    let runner = world
+        .wait_runner("r-warm", "seen online", |r| {
+            r.status
+                .as_ref()
+                .is_some_and(|s| s.is_true(RunnerCondition::RunnerOnline) == Some(true))
+        })
+        .await;
+    let status = runner.status.unwrap();
+    assert!(status.failures.is_empty(), "{:?}", status.failures);
+    assert_eq!(world.ledger().runners_created, 1);
 }
 
 #[tokio::test]

@@ -56,6 +56,8 @@ struct World {
     elect: bool,
     /// The client hosts use, when not the test's own (an administrator).
     host_client: Option<kube::Client>,
+    /// Flags the hosts get beyond the world's own.
+    flags: Vec<&'static str>,
 }
 
 /// A host started beside the world's own.
@@ -98,6 +100,7 @@ impl World {
             base: String::new(),
             elect,
             host_client: None,
+            flags: Vec::new(),
         }
     }
 
@@ -113,19 +116,23 @@ impl World {
     /// A host of its own; with `elect`, it campaigns for a Lease in the
     /// test namespace (3 s long) as `--leader-elect` makes it.
     async fn spawn_host(&self, elect: bool) -> Host {
-        let options = Run::parse_from([
-            "run",
-            "--namespace",
-            self.env.namespace(),
-            "--listen-address",
-            "127.0.0.1:0",
-            // The jobs here last a fraction of a second, less than the
-            // default window, and the burst asserts each was recorded on
-            // its runner while that runner lived; the window itself is
-            // covered by the listener's tests and the binary's.
-            "--message-batch-window",
-            "0s",
-        ])
+        let options = Run::parse_from(
+            [
+                "run",
+                "--namespace",
+                self.env.namespace(),
+                "--listen-address",
+                "127.0.0.1:0",
+                // The jobs here last a fraction of a second, less than the
+                // default window, and the burst asserts each was recorded on
+                // its runner while that runner lived; the window itself is
+                // covered by the listener's tests and the binary's.
+                "--message-batch-window",
+                "0s",
+            ]
+            .into_iter()
+            .chain(self.flags.iter().copied()),
+        )
         .options;
         let client = self
             .host_client
@@ -603,6 +610,52 @@ async fn a_warm_pool_of_min_runners_is_kept_through_a_burst() {
         })
         .await;
     assert_nothing_leaked(&world.ledger(), 2);
+}
+
+#[tokio::test]
+async fn a_scale_set_asking_beyond_the_hosts_cap_gets_the_cap_and_says_so() {
+    let mut world = World::unstarted("scale-set-capped", false).await;
+    world.flags = vec!["--max-runners-per-scale-set", "3"];
+    world.start_host().await;
+    world.create_set(2_000_000_000, 2_000_000_000).await;
+    let set = world
+        .set_until("the cap is on the status", |set| {
+            set.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == "RunnersCapped" && c.status == "True" && c.reason == "AboveHostLimit"
+                })
+            })
+        })
+        .await;
+    let message = &set
+        .status
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "RunnersCapped")
+        .unwrap()
+        .message
+        .clone();
+    assert!(
+        message.contains("minRunners 2000000000 and maxRunners 2000000000")
+            && message.contains("limit of 3 runners"),
+        "{message}"
+    );
+    world.listening().await;
+    world
+        .until("the listener asked for the cap", || async {
+            let runner_set = world.runner_sets().get_opt(NAME).await.unwrap()?;
+            (runner_set.spec.replicas == 3).then_some(())
+        })
+        .await;
+    world.settled_at(3).await;
+    world
+        .until("three warm runners registered", || async {
+            (world.ledger().still_registered == 3).then_some(())
+        })
+        .await;
+    // Everything the host ever registered: never more than the cap.
+    assert_eq!(world.ledger().runners_created, 3, "{:?}", world.ledger());
 }
 
 #[tokio::test]

@@ -94,6 +94,13 @@ pub struct AutoscalingRunnerSetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub max_idle_age: Option<String>,
+    /// How long a runner may take, from the start of its runner container
+    /// (init containers, a cache warm-up say, do not count), to be seen
+    /// online by the service before it is removed and recreated (`15m`).
+    /// Omitted: the host's `--registration-timeout` (10 minutes by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub registration_timeout: Option<String>,
     /// Extra metadata for the EphemeralRunnerSet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ephemeral_runner_set_metadata: Option<ResourceMeta>,
@@ -234,6 +241,19 @@ wire_names! {
         /// Why a deletion does not finish by itself, and what an admin can
         /// do about it ([`DeletionBlockedReason`]).
         DeletionBlocked,
+        /// True when `minRunners` or `maxRunners` is above the host's
+        /// `--max-runners-per-scale-set`, which then bounds the scale set
+        /// ([`RunnersCappedReason`]); absent otherwise.
+        RunnersCapped,
+    }
+}
+
+wire_names! {
+    /// Why `RunnersCapped` is True.
+    RunnersCappedReason {
+        /// The spec asks for more runners than the host allows one scale
+        /// set.
+        AboveHostLimit,
     }
 }
 

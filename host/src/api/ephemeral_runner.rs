@@ -88,6 +88,12 @@ pub struct EphemeralRunnerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub max_idle_age: Option<String>,
+    /// How long the runner may take, from its container's start, to be seen
+    /// online, as the AutoscalingRunnerSet declared it; omitted, the host's
+    /// `--registration-timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub registration_timeout: Option<String>,
     /// The runner pod's metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<ObjectMeta>,

@@ -155,6 +155,55 @@ pub(crate) fn running_status(pod: &Pod, node_ip: &str, pod_ip: &str, now: &str) 
     })
 }
 
+/// The status of a pod whose init containers (or, when it has none, one
+/// called `warm-up`) have run since `since` and have not finished: phase
+/// Pending, not Initialized, every container waiting in PodInitializing.
+pub(crate) fn initialising_status(pod: &Pod, since: &str) -> Value {
+    let names: Vec<String> = match init_containers(pod) {
+        [] => vec!["warm-up".to_owned()],
+        some => some.iter().map(|c| c.name.clone()).collect(),
+    };
+    let init: Vec<Value> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let state = if i == 0 {
+                json!({"running": {"startedAt": since}})
+            } else {
+                json!({"waiting": {"reason": "PodInitializing"}})
+            };
+            json!({
+                "name": name, "image": "", "imageID": "", "ready": false,
+                "restartCount": 0, "state": state,
+            })
+        })
+        .collect();
+    let statuses: Vec<Value> = containers(pod)
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name, "image": c.image.clone().unwrap_or_default(), "imageID": "",
+                "ready": false, "started": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "PodInitializing"}},
+            })
+        })
+        .collect();
+    json!({
+        "status": {
+            "phase": "Pending",
+            "startTime": since,
+            "conditions": [
+                condition("PodScheduled", true, since),
+                condition("Initialized", false, since),
+                condition("ContainersReady", false, since),
+                condition("Ready", false, since),
+            ],
+            "initContainerStatuses": init,
+            "containerStatuses": statuses,
+        }
+    })
+}
+
 fn terminated_container(
     pod: &Pod,
     container: &Container,

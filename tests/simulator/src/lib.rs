@@ -179,6 +179,8 @@ pub enum Stage {
 pub enum Step {
     /// Bound to its node (or found bound already).
     Bound,
+    /// Its init containers started (a scenario with an init delay).
+    Initialising,
     /// Its Running status was written, after the scenario's start delay.
     Started,
     /// Its runner reached the point where a real runner presents its JIT
@@ -565,6 +567,14 @@ impl PodTask {
         }
         if !pause(self.scenario.start_delay, &self.terminating).await {
             return self.deleted_before_start(&node).await;
+        }
+        if !self.scenario.init_delay.is_zero() {
+            self.patch_status(kubelet::initialising_status(&self.pod, &now()))
+                .await?;
+            self.record(Step::Initialising);
+            if !pause(self.scenario.init_delay, &self.terminating).await {
+                return self.deleted_before_start(&node).await;
+            }
         }
         let Some(jit) = self.jit_config().await? else {
             return self.deleted_before_start(&node).await;

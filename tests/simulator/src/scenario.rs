@@ -42,6 +42,10 @@ pub struct Scenario {
     pub fate: Fate,
     /// How long the pod stays Pending (image pull, slow node) before it runs.
     pub start_delay: Duration,
+    /// How long, after that, its init containers run (a cache warm-up):
+    /// the pod is Pending, not Initialized, its init containers running and
+    /// the runner container waiting, as a kubelet reports it.
+    pub init_delay: Duration,
 }
 
 impl Scenario {
@@ -50,6 +54,7 @@ impl Scenario {
         Scenario {
             fate,
             start_delay: Duration::ZERO,
+            init_delay: Duration::ZERO,
         }
     }
 
@@ -86,6 +91,13 @@ impl Scenario {
     /// The same scenario, Pending for `delay` first (a slow start).
     pub const fn with_start_delay(mut self, delay: Duration) -> Scenario {
         self.start_delay = delay;
+        self
+    }
+
+    /// The same scenario with init containers that run for `delay` before
+    /// the runner container starts (a pod without any gets one, `warm-up`).
+    pub const fn with_init_delay(mut self, delay: Duration) -> Scenario {
+        self.init_delay = delay;
         self
     }
 }

@@ -119,6 +119,8 @@ pub struct Context<L, S> {
     validators: Mutex<HashMap<(String, String), Validator>>,
     /// When each scale set's copied runner counts last changed.
     counts_changed: Mutex<HashMap<(String, String), Instant>>,
+    /// The most runners one scale set has (`--max-runners-per-scale-set`).
+    runner_cap: u32,
 }
 
 /// A loaded pod-validation policy and the reference it was loaded for.
@@ -143,7 +145,14 @@ impl<L: ListenerControl, S: ActionsClientSource> Context<L, S> {
             metrics: ControllerMetrics::default(),
             validators: Mutex::default(),
             counts_changed: Mutex::default(),
+            runner_cap: crate::controllers::kit::DEFAULT_RUNNER_CAP,
         }
+    }
+
+    /// Bounds every scale set at `cap` runners, whatever its spec says.
+    pub fn with_runner_cap(mut self, cap: u32) -> Self {
+        self.runner_cap = cap.max(1);
+        self
     }
 
     /// Reports reconcile durations and errors in `metrics` (the process's

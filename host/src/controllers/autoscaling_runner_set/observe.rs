@@ -270,10 +270,11 @@ fn observed<L: ListenerControl, S>(
                 failed: counts.failed_ephemeral_runners,
             }),
         listener: context.listeners.running(&namespace, &name),
-        desired_listener: desired_listener(set, id.unwrap_or(0)),
+        desired_listener: desired_listener(set, id.unwrap_or(0), context.runner_cap),
         from_api_server: false,
         service: None,
         counts_moved_ago,
+        capped: capped(set, context.runner_cap),
         now: jiff::Timestamp::now(),
     }
 }
@@ -315,12 +316,40 @@ fn desired_runner_spec(set: &AutoscalingRunnerSet, id: i64) -> EphemeralRunnerSp
         policies: spec.policies.clone(),
         debug: spec.debug.clone(),
         max_idle_age: spec.max_idle_age.clone(),
+        registration_timeout: spec.registration_timeout.clone(),
         metadata: spec.template.metadata.clone(),
         spec: spec.template.spec.clone().unwrap_or_default(),
     }
 }
 
-fn desired_listener(set: &AutoscalingRunnerSet, id: i64) -> ListenerConfig {
+/// What in the spec is above the host's runner cap, as a sentence.
+fn capped(set: &AutoscalingRunnerSet, cap: u32) -> Option<String> {
+    let above = |field: &str, value: Option<i32>| {
+        value
+            .filter(|&v| u32::try_from(v).is_ok_and(|v| v > cap))
+            .map(|v| format!("{field} {v}"))
+    };
+    let fields: Vec<String> = [
+        above("minRunners", set.spec.min_runners),
+        above("maxRunners", set.spec.max_runners),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!fields.is_empty()).then(|| {
+        format!(
+            "{} above this host's limit of {cap} runners per scale set \
+             (--max-runners-per-scale-set): at most {cap} run",
+            fields.join(" and "),
+        )
+    })
+}
+
+/// The listener's configuration, its runner bounds within the host's cap:
+/// a policy answering more than the cap (or a scale set with no
+/// `maxRunners`) is clamped to it, and the clamp is reported as any other.
+fn desired_listener(set: &AutoscalingRunnerSet, id: i64, cap: u32) -> ListenerConfig {
+    let cap = i32::try_from(cap).unwrap_or(i32::MAX);
     ListenerConfig {
         namespace: set.namespace().unwrap_or_default(),
         name: set.name_any(),
@@ -328,8 +357,8 @@ fn desired_listener(set: &AutoscalingRunnerSet, id: i64) -> ListenerConfig {
         runner_set_name: set.name_any(),
         scale_set_id: id,
         github: github_target(set),
-        min_runners: set.spec.min_runners.unwrap_or(0),
-        max_runners: set.spec.max_runners,
+        min_runners: set.spec.min_runners.unwrap_or(0).min(cap),
+        max_runners: Some(set.spec.max_runners.map_or(cap, |max| max.min(cap))),
         scale_set_labels: set.spec.runner_scale_set_labels.clone(),
         labels: set.labels().clone(),
         scaling_policy: set.spec.policies.scaling_policy.clone(),
@@ -475,4 +504,55 @@ pub(super) async fn deletion<L: ListenerControl, S>(
         generation: set.metadata.generation,
         now: jiff::Timestamp::now(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set_with(min: Option<i32>, max: Option<i32>) -> AutoscalingRunnerSet {
+        let mut set: AutoscalingRunnerSet = serde_json::from_value(serde_json::json!({
+            "apiVersion": "actions.github.com/v1alpha1",
+            "kind": "AutoscalingRunnerSet",
+            "metadata": {"name": "linux", "namespace": "ns"},
+            "spec": {
+                "githubConfigUrl": "https://github.com/octo-org",
+                "githubConfigSecret": "github-auth",
+                "template": {"spec": {"containers": [{"name": "runner"}]}}
+            }
+        }))
+        .unwrap();
+        set.spec.min_runners = min;
+        set.spec.max_runners = max;
+        set
+    }
+
+    #[test]
+    fn the_listener_is_bounded_by_the_hosts_cap_whatever_the_spec_says() {
+        let bounds = |min, max| {
+            let config = desired_listener(&set_with(min, max), 7, 1000);
+            (config.min_runners, config.max_runners)
+        };
+        assert_eq!(
+            bounds(None, None),
+            (0, Some(1000)),
+            "no maxRunners: the cap"
+        );
+        assert_eq!(bounds(Some(2), Some(10)), (2, Some(10)));
+        assert_eq!(bounds(Some(2_000_000_000), None), (1000, Some(1000)));
+        assert_eq!(bounds(Some(1), Some(5000)), (1, Some(1000)));
+    }
+
+    #[test]
+    fn only_a_spec_above_the_cap_is_reported() {
+        assert_eq!(capped(&set_with(None, None), 1000), None);
+        assert_eq!(capped(&set_with(Some(1000), Some(1000)), 1000), None);
+        assert_eq!(
+            capped(&set_with(Some(2_000_000_000), Some(3000)), 1000).as_deref(),
+            Some(
+                "minRunners 2000000000 and maxRunners 3000 above this host's limit of 1000 \
+                 runners per scale set (--max-runners-per-scale-set): at most 1000 run"
+            )
+        );
+    }
 }

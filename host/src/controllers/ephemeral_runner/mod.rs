@@ -51,11 +51,6 @@ use crate::unregistration::{
     PoolConfig, UnregistrationKey, UnregistrationMetrics, UnregistrationPool,
 };
 
-/// The finalizer that holds an EphemeralRunner until its registration, pod
-/// and Secret are gone; kept for the EphemeralRunnerSet, which creates its
-/// runners with it. New code names [`crate::api::finalizers::EPHEMERAL_RUNNER`].
-pub const FINALIZER: &str = crate::api::finalizers::EPHEMERAL_RUNNER.name;
-
 /// The controller's name in metrics, events and field managers.
 pub const CONTROLLER: &str = "ephemeral-runner";
 

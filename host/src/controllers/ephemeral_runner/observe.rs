@@ -53,6 +53,20 @@ pub(super) fn pod_view(pod: &Pod) -> PodView {
             RunnerContainer::Waiting
         }
     });
+    let runner_started = runner_state
+        .and_then(|s| {
+            s.running
+                .as_ref()
+                .and_then(|r| r.started_at.as_ref())
+                .or_else(|| s.terminated.as_ref().and_then(|t| t.started_at.as_ref()))
+        })
+        .map(|t| t.0);
+    let initialized = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Initialized" && c.status == "True")
+        .map(|c| c.last_transition_time.as_ref().map(|t| t.0));
     let init_failed = status.init_container_statuses.iter().flatten().any(|c| {
         c.state
             .as_ref()
@@ -72,15 +86,19 @@ pub(super) fn pod_view(pod: &Pod) -> PodView {
             status.message.clone().unwrap_or_default()
         )
     });
+    let created = pod
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or_else(Timestamp::now, |t| t.0);
     PodView {
         uid: pod.uid().unwrap_or_default(),
-        created: pod
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map_or_else(Timestamp::now, |t| t.0),
+        created,
         deleting_since: pod.metadata.deletion_timestamp.as_ref().map(|t| t.0),
         runner,
+        // A kubelet always stamps the condition; one that did not is taken
+        // to have initialised the pod when it was created.
+        registration_clock: runner_started.or_else(|| initialized.map(|t| t.unwrap_or(created))),
         failed,
         init_failed,
         ready,
@@ -320,7 +338,6 @@ mod tests {
     use super::*;
     use crate::api::ephemeral_runner::{RegisteredReason, RunnerCondition};
     use crate::api::{EphemeralRunnerPhase, EphemeralRunnerSpec, EphemeralRunnerStatus};
-    use crate::controllers::ephemeral_runner::FINALIZER;
     use crate::controllers::ephemeral_runner::plan::{SecretView, Settings, Step};
     use crate::controllers::ephemeral_runner_set::plan::{self as set_plan, RunnerView, SetView};
     use k8s_openapi::api::core::v1::{Container, PodSpec};
@@ -377,7 +394,8 @@ mod tests {
                 ..EphemeralRunnerSpec::default()
             },
         );
-        runner.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        runner.metadata.finalizers =
+            Some(vec![crate::api::finalizers::EPHEMERAL_RUNNER.name.into()]);
         runner.status = Some(EphemeralRunnerStatus {
             runner_id: 7,
             conditions: vec![Condition {

@@ -55,6 +55,10 @@ pub struct Context {
     /// The metrics every controller reports (reconcile durations and
     /// errors); unregistered unless the process hands its own.
     pub controller_metrics: ControllerMetrics,
+    /// The most runners a set has, whatever its `replicas` say
+    /// (`--max-runners-per-scale-set`): the listener never asks for more,
+    /// and a hand-edited `replicas` is held to it too.
+    pub runner_cap: u32,
     /// What the controller remembers of each set between passes, by uid.
     memory: std::sync::Mutex<std::collections::HashMap<String, SetMemory>>,
 }
@@ -79,6 +83,7 @@ impl Context {
             client,
             metrics,
             controller_metrics: ControllerMetrics::default(),
+            runner_cap: super::kit::DEFAULT_RUNNER_CAP,
             memory: std::sync::Mutex::default(),
         }
     }

@@ -75,7 +75,7 @@ pub(super) async fn observe(set: &EphemeralRunnerSet, ctx: &Context) -> Result<O
         .collect();
     let memory = ctx.recall(&uid);
     Ok(Observed {
-        set: set_view(set, &memory),
+        set: set_view(set, &memory, ctx.runner_cap),
         uid,
         metric_labels: set_labels,
         runners,
@@ -100,13 +100,16 @@ pub(super) async fn reread(
 }
 
 /// What the plan needs of the set, with what the controller remembers of
-/// it.
-pub(super) fn set_view(set: &EphemeralRunnerSet, memory: &SetMemory) -> SetView {
+/// it; `replicas` is bounded by the host's runner cap, whoever wrote it.
+pub(super) fn set_view(set: &EphemeralRunnerSet, memory: &SetMemory, cap: u32) -> SetView {
     SetView {
         generation: set.metadata.generation.unwrap_or_default(),
         deleting: set.metadata.deletion_timestamp.is_some(),
         has_finalizer: finalizer::held(set, &finalizers::EPHEMERAL_RUNNER_SET),
-        replicas: set.spec.replicas,
+        replicas: set
+            .spec
+            .replicas
+            .min(i32::try_from(cap).unwrap_or(i32::MAX)),
         patch_id: set.spec.patch_id,
         actionable_revision: set.spec.actionable_revision,
         status: set.status.clone().unwrap_or_default(),
@@ -153,7 +156,7 @@ impl<'a> Reading<'a> {
         let annotation = |key: &str| runner.annotations().get(key).and_then(|v| v.parse().ok());
         let status = runner.status.clone().unwrap_or_default();
         let registration_gone = status
-            .condition(crate::controllers::ephemeral_runner::plan::REGISTERED)
+            .condition(crate::api::ephemeral_runner::RunnerCondition::Registered.as_str())
             .filter(|c| c.status == "False")
             .map(|c| c.last_transition_time.0);
         let (patch_id, set_generation) = match &status.renewal {
@@ -280,8 +283,17 @@ mod tests {
     fn a_set_holding_the_finalizer_under_its_former_name_holds_it() {
         let mut old = set("ci", "runner:1");
         old.metadata.finalizers = Some(vec!["ephemeralrunnerset.arcwright.dev/finalizer".into()]);
-        assert!(set_view(&old, &SetMemory::default()).has_finalizer);
+        assert!(set_view(&old, &SetMemory::default(), 1000).has_finalizer);
         let none = set("ci", "runner:1");
-        assert!(!set_view(&none, &SetMemory::default()).has_finalizer);
+        assert!(!set_view(&none, &SetMemory::default(), 1000).has_finalizer);
+    }
+
+    #[test]
+    fn replicas_are_held_to_the_hosts_cap_whoever_wrote_them() {
+        let mut huge = set("ci", "runner:1");
+        huge.spec.replicas = 2_000_000_000;
+        assert_eq!(set_view(&huge, &SetMemory::default(), 1000).replicas, 1000);
+        huge.spec.replicas = 12;
+        assert_eq!(set_view(&huge, &SetMemory::default(), 1000).replicas, 12);
     }
 }

@@ -13,6 +13,12 @@ mod sync;
 pub use crate::events::{Notice, Publisher, Severity};
 pub use sync::{Listed, Synced, until_shutdown};
 
+/// The most runners one scale set has unless `--max-runners-per-scale-set`
+/// says otherwise: far above what one scale set of a busy organisation
+/// runs at once, far below what would fill etcd or spend the Actions rate
+/// limit on registrations.
+pub const DEFAULT_RUNNER_CAP: u32 = 1000;
+
 /// How a reconcile error is counted in `arcwright_reconcile_errors_total`
 /// and named in the log: a short `snake_case` word per kind of failure,
 /// stable across releases (dashboards and alerts select on it), never

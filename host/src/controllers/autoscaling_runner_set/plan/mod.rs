@@ -65,6 +65,7 @@ use serde_json::Value;
 use crate::actions::RunnerScaleSet;
 use crate::api::autoscaling_runner_set::{
     AutoscalingRunnerSetCondition, AutoscalingRunnerSetEvent, PodTemplateReason,
+    RunnersCappedReason,
 };
 use crate::api::{
     AutoscalingRunnerSetPhase, AutoscalingRunnerSetStatus, EphemeralRunnerSetPhase,
@@ -325,6 +326,9 @@ pub struct Observed {
     /// How long ago the copied runner counts last moved, if this
     /// controller remembers them moving.
     pub counts_moved_ago: Option<Duration>,
+    /// What in the spec the host's runner cap overrides, when something
+    /// does: the `RunnersCapped` condition's message.
+    pub capped: Option<String>,
     /// Now, for the conditions' transition times.
     pub now: Timestamp,
 }
@@ -633,6 +637,23 @@ fn settle(observed: &Observed, mut steps: Vec<Step>, settled: Settled<'_>) -> Pl
         },
         observed.now,
     );
+    let capped = AutoscalingRunnerSetCondition::RunnersCapped.as_str();
+    match &observed.capped {
+        Some(message) => {
+            conditions::set(
+                &mut next.conditions,
+                conditions::Setting {
+                    type_: capped,
+                    status: true,
+                    reason: RunnersCappedReason::AboveHostLimit.as_str(),
+                    message,
+                    observed_generation: Some(observed.generation),
+                },
+                observed.now,
+            );
+        }
+        None => next.conditions.retain(|c| c.type_ != capped),
+    }
     let counts = |s: &AutoscalingRunnerSetStatus| {
         (
             s.current_runners,

@@ -136,6 +136,7 @@ fn settled() -> Observed {
         from_api_server: false,
         service: None,
         counts_moved_ago: None,
+        capped: None,
         now: at(100),
     }
 }
@@ -600,6 +601,46 @@ fn moving_runner_counts_are_copied_and_looked_at_on_a_short_beat() {
             "a set without a status yet changes no count",
             Box::new(|o| o.runner_counts = None),
             done(vec![]),
+        ),
+    ]);
+}
+
+const CAPPED: &str = "minRunners 5000 above this host's limit of 1000 runners per scale set \
+                      (--max-runners-per-scale-set): at most 1000 run";
+
+fn capped_condition(since: Timestamp) -> Condition {
+    Condition {
+        type_: AutoscalingRunnerSetCondition::RunnersCapped.as_str().into(),
+        status: "True".into(),
+        reason: RunnersCappedReason::AboveHostLimit.as_str().into(),
+        message: CAPPED.into(),
+        observed_generation: Some(2),
+        last_transition_time: Time(since),
+    }
+}
+
+#[test]
+fn a_spec_above_the_hosts_runner_cap_says_so_until_it_is_within() {
+    let mut with_condition = running(2, at(0));
+    with_condition.conditions.push(capped_condition(at(100)));
+    check(vec![
+        (
+            "a spec above the cap gets the condition",
+            Box::new(|o| o.capped = Some(CAPPED.into())),
+            done(vec![write(with_condition.clone())]),
+        ),
+        (
+            "said once, it is not written again",
+            Box::new(|o| {
+                o.capped = Some(CAPPED.into());
+                o.status.conditions.push(capped_condition(at(50)));
+            }),
+            done(vec![]),
+        ),
+        (
+            "back within the cap, the condition goes",
+            Box::new(|o| o.status.conditions.push(capped_condition(at(50)))),
+            done(vec![write(running(2, at(0)))]),
         ),
     ]);
 }

@@ -117,7 +117,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use crate::api::ephemeral_runner::hold::HeldFailure;
-use crate::api::ephemeral_runner::{ConditionReason, EventReason, PhaseReason, RunnerCondition};
+use crate::api::ephemeral_runner::{ConditionReason, EventReason, PhaseReason};
 use crate::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerStatus, finalizers};
 use crate::controllers::kit::{Severity, finalizer};
 use crate::policy::types::{RunnerEnding, Verdict};
@@ -133,10 +133,6 @@ pub const RUNNER_CONTAINER: &str = "runner";
 /// Exit code of a runner whose version the service no longer accepts.
 pub const OUTDATED_EXIT_CODE: i32 = 7;
 
-/// The `Registered` condition's type, as the EphemeralRunnerSet reads it
-/// today; new code names [`RunnerCondition::Registered`].
-pub const REGISTERED: &str = RunnerCondition::Registered.as_str();
-
 /// The knobs of the rules, with ARC's values as defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
@@ -147,8 +143,10 @@ pub struct Settings {
     pub backoff_base: Duration,
     /// The longest wait between starts.
     pub backoff_max: Duration,
-    /// How long a runner pod may exist without the service seeing the runner
-    /// online before the runner is removed and recreated.
+    /// How long a runner may take, from its container's start (see
+    /// [`PodView::registration_clock`]), to be seen online by the service
+    /// before it is removed and recreated; a runner's own
+    /// `spec.registrationTimeout` overrides it.
     pub registration_timeout: Duration,
     /// How long a pod may stay terminating before it is force-deleted.
     pub terminating_timeout: Duration,
@@ -219,6 +217,13 @@ pub struct PodView {
     pub deleting_since: Option<Timestamp>,
     /// The runner container.
     pub runner: RunnerContainer,
+    /// When the registration timeout starts counting: when the runner
+    /// container started, or, before it has, when the pod's init containers
+    /// were done (its `Initialized` condition turned true), so an image that
+    /// cannot be pulled still times out. `None` while init containers run: a
+    /// warm-up (seed 003's cache fill, say) may take longer than the timeout
+    /// and is not the runner failing to register.
+    pub registration_clock: Option<Timestamp>,
     /// The pod phase is Failed (evicted, a failed init container...).
     pub failed: bool,
     /// An init container terminated non-zero.

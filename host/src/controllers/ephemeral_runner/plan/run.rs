@@ -11,7 +11,7 @@ use super::delete::{Registration, ensure_gone};
 use super::{Need, OUTDATED_EXIT_CODE, Pass, PodView, Presence, RunnerContainer, elapsed};
 use super::{hold, recycle};
 use crate::api::EphemeralRunnerPhase;
-use crate::api::ephemeral_runner::hold::Hold;
+use crate::api::ephemeral_runner::hold::{Hold, parse_duration};
 use crate::api::ephemeral_runner::{
     EventReason, HoldCause, OnlineReason, PhaseReason, RunnerCondition,
 };
@@ -132,8 +132,13 @@ pub(super) fn running(pass: &mut Pass<'_>, pod: &PodView) -> Result<(), Need> {
     if status.is_true(RunnerCondition::RunnerOnline) == Some(true) || status.has_job() {
         return Ok(());
     }
-    let timeout = pass.settings.registration_timeout;
-    let age = elapsed(pod.created, obs.now);
+    let timeout = registration_timeout(pass);
+    // Still initialising: the clock has not started, and the pod's next
+    // status change wakes the runner.
+    let Some(since) = pod.registration_clock else {
+        return Ok(());
+    };
+    let age = elapsed(since, obs.now);
     if age < timeout {
         pass.requeue_after(timeout - age);
         return Ok(());
@@ -146,7 +151,7 @@ pub(super) fn running(pass: &mut Pass<'_>, pod: &PodView) -> Result<(), Need> {
         }
         Some(presence) => {
             let why = format!(
-                "the runner did not come online within {}s of its pod's creation ({})",
+                "the runner did not come online within {}s of its container's start ({})",
                 timeout.as_secs(),
                 if presence == Presence::Absent {
                     "the service does not know it"
@@ -157,6 +162,20 @@ pub(super) fn running(pass: &mut Pass<'_>, pod: &PodView) -> Result<(), Need> {
             failed_start(pass, pod, EventReason::RegistrationTimeout, &why)
         }
     }
+}
+
+/// The runner's `spec.registrationTimeout` when it has a usable one (the
+/// apiserver refuses what is not a duration; `0s` means the default), else
+/// the host's.
+fn registration_timeout(pass: &Pass<'_>) -> Duration {
+    pass.obs
+        .runner
+        .spec
+        .registration_timeout
+        .as_deref()
+        .and_then(|text| parse_duration("registrationTimeout", text).ok())
+        .filter(|timeout| !timeout.is_zero())
+        .unwrap_or(pass.settings.registration_timeout)
 }
 
 /// Why the runner's job failed, if it did: the result the listener recorded

@@ -18,7 +18,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::*;
 use crate::api::ephemeral_runner::{
-    ConditionReason, HeldReason, OnlineReason, RegisteredReason, SlackNotifiedReason,
+    ConditionReason, HeldReason, OnlineReason, RegisteredReason, RunnerCondition,
+    SlackNotifiedReason,
 };
 use crate::api::{EphemeralRunnerSpec, RunnerRenewal};
 
@@ -121,6 +122,10 @@ impl Runner {
             s.hold_until = Some(Time(at(until)));
         })
     }
+    pub(super) fn registration_timeout(mut self, value: &str) -> Self {
+        self.0.spec.registration_timeout = Some(value.into());
+        self
+    }
     pub(super) fn max_idle_age(mut self, value: &str) -> Self {
         self.0.spec.max_idle_age = Some(value.into());
         self
@@ -172,6 +177,7 @@ pub(super) fn pod(runner: RunnerContainer) -> PodView {
         deleting_since: None,
         ready: runner == RunnerContainer::Running,
         finished: matches!(runner, RunnerContainer::Terminated { .. }).then(|| at(5)),
+        registration_clock: Some(at(0)),
         runner,
         failed: false,
         init_failed: false,

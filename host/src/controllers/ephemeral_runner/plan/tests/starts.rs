@@ -85,6 +85,77 @@ fn backoff_doubles_up_to_its_cap() {
 }
 
 #[test]
+fn the_registration_timeout_counts_from_the_runner_containers_start() {
+    let waiting = || Runner::new().registered(7).phase(Pending);
+    // Init containers still running an hour after the pod was made: a
+    // warm-up, not a runner failing to register. Nothing is asked, nothing
+    // counted, and no timer is set (the pod's next status wakes the runner).
+    let initialising = PodView {
+        registration_clock: None,
+        ..pod(RunnerContainer::Waiting)
+    };
+    let plan = case(waiting())
+        .secret(7)
+        .pod(initialising)
+        .now(3600)
+        .run()
+        .expect("nothing asked");
+    assert_eq!(plan, Plan::default());
+    // The runner container started 50 minutes after its pod was made: the
+    // ten minutes run from there.
+    let started_late = PodView {
+        registration_clock: Some(at(3000)),
+        ..pod(RunnerContainer::Running)
+    };
+    let running = || {
+        Runner::new()
+            .registered(7)
+            .phase(Running)
+            .status(|s| s.ready = true)
+    };
+    let plan = case(running())
+        .secret(7)
+        .pod(started_late.clone())
+        .now(3300)
+        .run()
+        .unwrap();
+    assert_eq!(plan.requeue, Some(Duration::from_secs(300)));
+    let need = case(running())
+        .secret(7)
+        .pod(started_late)
+        .now(3600)
+        .run()
+        .unwrap_err();
+    assert_eq!(need, Need::Presence(7));
+}
+
+#[test]
+fn a_runners_own_registration_timeout_wins_over_the_hosts() {
+    let runner = |timeout: &str| {
+        Runner::new()
+            .registered(7)
+            .phase(Running)
+            .status(|s| s.ready = true)
+            .registration_timeout(timeout)
+    };
+    let need = case(runner("1m"))
+        .secret(7)
+        .pod(pod(RunnerContainer::Running))
+        .now(60)
+        .run()
+        .unwrap_err();
+    assert_eq!(need, Need::Presence(7));
+    // `0s` is no setting: the host's ten minutes.
+    let plan = case(runner("0s"))
+        .secret(7)
+        .pod(pod(RunnerContainer::Running))
+        .now(60)
+        .run()
+        .unwrap();
+    assert_eq!(plan.requeue, Some(Duration::from_secs(540)));
+}
+
+#[test]
 fn a_runner_that_never_comes_online_is_recreated() {
     let running = || {
         Runner::new()
