@@ -692,10 +692,31 @@ async fn deletion_stops_the_listener_waits_for_the_busy_runner_then_deletes_the_
 async fn deletion_with_the_secret_gone_says_why_and_an_annotation_forces_it() {
     let h = Harness::start("ars-secret-gone").await;
     h.running(template(json!(null))).await;
-    Api::<Secret>::namespaced(h.env.client(), h.env.namespace())
+    // The Secret is held while the set uses it; gone anyway, as when an
+    // admin strips the finalizer from a Secret being deleted.
+    let secrets = Api::<Secret>::namespaced(h.env.client(), h.env.namespace());
+    common::wait_credentials_held(h.env.client(), h.env.namespace()).await;
+    secrets
         .delete("github-auth", &DeleteParams::default())
         .await
         .unwrap();
+    secrets
+        .patch(
+            "github-auth",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    eventually("the Secret is gone", WAIT, || async {
+        secrets
+            .get_opt("github-auth")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
     h.sets()
         .delete(NAME, &DeleteParams::default())
         .await

@@ -39,6 +39,9 @@ use fake_actions::{
 };
 use futures::StreamExt;
 use jiff::Timestamp;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::core::v1::{Container, Event, Pod, PodSpec, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -695,6 +698,71 @@ async fn a_warm_up_longer_than_the_registration_timeout_is_not_a_failure() {
 }
 
 #[tokio::test]
+async fn a_registration_made_just_before_its_secret_failed_is_found_and_removed_on_deletion() {
+    let world = World::new("registration-orphan", fast_settings()).await;
+    // The API server refuses the runner's JIT config Secret, as a crash
+    // between registering and storing the config would leave it: the
+    // service has a registration the runner records nowhere.
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(world.env.client());
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(world.env.client());
+    let name = format!("refuse-secrets-{}", world.env.namespace());
+    policies
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [{
+                        "apiGroups": [""], "apiVersions": ["v1"],
+                        "operations": ["CREATE"], "resources": ["secrets"],
+                    }]},
+                    "validations": [{"expression": "false", "message": "no secrets today"}],
+                },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {
+                    "policyName": name,
+                    "validationActions": ["Deny"],
+                    "matchResources": {"namespaceSelector": {"matchLabels": {
+                        "kubernetes.io/metadata.name": world.env.namespace(),
+                    }}},
+                },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    world.create_runner("r-orphan").await;
+    world
+        .fake
+        .control()
+        .wait_until(WAIT, |s| s.ledger.runners_created >= 1)
+        .await
+        .expect("the runner registered");
+    let runner = world.runners().get("r-orphan").await.unwrap();
+    assert_eq!(
+        runner.status.map(|s| s.runner_id).unwrap_or_default(),
+        0,
+        "no registration recorded"
+    );
+
+    world.delete_and_wait_gone("r-orphan").await;
+    let ledger = world.ledger();
+    assert_eq!(ledger.still_registered, 0, "nothing leaked: {ledger:?}");
+    let _ = bindings.delete(&name, &DeleteParams::default()).await;
+    let _ = policies.delete(&name, &DeleteParams::default()).await;
+}
+
+#[tokio::test]
 async fn stuck_terminating_pod_force_deleted() {
     let settings = Settings {
         terminating_timeout: Duration::from_secs(2),
@@ -1183,6 +1251,16 @@ async fn a_held_failure_is_posted_to_slack_with_the_job_and_the_buttons() {
         })
         .await;
     assert_eq!(phase(&told), Some(EphemeralRunnerPhase::Debugging));
+    // The buttons are bound to the message Slack accepted: its channel by
+    // id and its own timestamp (the third post).
+    let message = told.status.as_ref().unwrap().slack_message.clone();
+    assert_eq!(
+        message.map(|m| (m.channel, m.ts)),
+        Some((
+            fake_slack::channel_id("#ci-failures"),
+            "1700000000.000003".to_owned()
+        ))
+    );
     assert!(
         world
             .events("r-told")

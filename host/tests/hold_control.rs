@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use arcwright::actions::Secret;
-use arcwright::api::{DebugSpec, EphemeralRunner, EphemeralRunnerSpec};
+use arcwright::api::{DebugSpec, EphemeralRunner, EphemeralRunnerSpec, SecretKeyRef, SlackSpec};
 use arcwright::debug::HOLD_UNTIL_ANNOTATION;
 use arcwright::debug::hold::format_hold_until;
 use arcwright::slack::message::{EXTEND, RELEASE};
@@ -26,6 +26,9 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 const SIGNING_SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
+/// Where the holds of these tests were told to Slack.
+const CHANNEL_ID: &str = "CCI-FAILURES";
+const MESSAGE_TS: &str = "1700000000.000001";
 
 struct World {
     env: TestEnv,
@@ -50,6 +53,7 @@ impl World {
         let base = format!("http://{}", listener.local_addr().unwrap());
         let url = format!("{base}{}", interactions::PATH);
         let server = tokio::spawn(async move {
+            let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
             axum::serve(listener, app).await.unwrap();
         });
         World {
@@ -64,14 +68,29 @@ impl World {
         Api::namespaced(self.env.client(), self.env.namespace())
     }
 
-    /// A runner held since `since`, 10 minutes by default, up to an hour.
+    /// A runner held since `since`, 10 minutes by default, up to an hour,
+    /// whose hold was told to Slack in the message [`MESSAGE_TS`] of
+    /// [`CHANNEL_ID`].
     async fn held_runner(&self, name: &str, phase: &str, since: Timestamp) {
+        self.runner(name, phase, since, true).await;
+    }
+
+    /// [`World::held_runner`]; without `tells_slack`, of a scale set with no
+    /// Slack configured, and no message posted.
+    async fn runner(&self, name: &str, phase: &str, since: Timestamp, tells_slack: bool) {
         let spec = EphemeralRunnerSpec {
             github_config_url: "https://github.com/octo".into(),
             github_config_secret: "github-auth".into(),
             debug: Some(DebugSpec {
                 hold_failed_for: Some("10m".into()),
                 max_hold: Some("1h".into()),
+                slack: tells_slack.then(|| SlackSpec {
+                    channel: "#ci-failures".into(),
+                    token_secret_ref: SecretKeyRef {
+                        name: "slack-bot".into(),
+                        key: Some("token".into()),
+                    },
+                }),
                 ..DebugSpec::default()
             }),
             spec: PodSpec {
@@ -95,6 +114,7 @@ impl World {
                     "phase": phase,
                     "heldSince": Time(since),
                     "holdUntil": Time(since + SignedDuration::from_mins(10)),
+                    "slackMessage": tells_slack.then(|| json!({"channel": CHANNEL_ID, "ts": MESSAGE_TS})),
                 }})),
             )
             .await
@@ -111,12 +131,14 @@ impl World {
             .cloned()
     }
 
+    /// A press of `action` on `name` from the message its hold was told in.
     fn press(&self, action: &str, name: &str) -> Interaction {
         Interaction::press(
             action,
             &format!("{}/{name}", self.env.namespace()),
             SIGNING_SECRET,
         )
+        .in_message(CHANNEL_ID, MESSAGE_TS)
     }
 }
 
@@ -218,6 +240,70 @@ async fn a_runner_not_held_is_not_held_by_a_press() {
     assert_eq!(status, 409);
 }
 
+#[tokio::test]
+async fn a_press_acts_only_from_the_message_posted_about_the_hold() {
+    let world = World::new("slack-bound").await;
+    world
+        .held_runner("r", "Debugging", whole_seconds_ago(60))
+        .await;
+    world
+        .runner("quiet", "Debugging", whole_seconds_ago(60), false)
+        .await;
+    let refused = [
+        (
+            "a button crafted in another message",
+            world
+                .press(EXTEND, "r")
+                .in_message(CHANNEL_ID, "1700000000.999999"),
+        ),
+        (
+            "the same timestamp in another channel",
+            world.press(EXTEND, "r").in_message("COTHER", MESSAGE_TS),
+        ),
+        (
+            "a runner whose scale set never tells Slack",
+            world.press(EXTEND, "quiet"),
+        ),
+        (
+            "no message at all",
+            Interaction::press(
+                EXTEND,
+                &format!("{}/r", world.env.namespace()),
+                SIGNING_SECRET,
+            ),
+        ),
+    ];
+    for (name, press) in refused {
+        assert_eq!(press.send(&world.url).await.unwrap(), 403, "{name}");
+    }
+    assert_eq!(world.hold_until("r").await, None, "nothing changed");
+    assert_eq!(world.hold_until("quiet").await, None, "nothing changed");
+}
+
+#[tokio::test]
+async fn a_press_is_taken_once_however_often_it_is_sent() {
+    let world = World::new("slack-replay").await;
+    let since = whole_seconds_ago(60);
+    world.held_runner("r", "Debugging", since).await;
+    let press = world.press(EXTEND, "r");
+    assert_eq!(press.send(&world.url).await.unwrap(), 200);
+    let once = Some(format_hold_until(since + SignedDuration::from_mins(40)));
+    assert_eq!(world.hold_until("r").await, once);
+    // The same signed request again, as a replay within the signature's
+    // window: answered, and nothing moves.
+    assert_eq!(press.send(&world.url).await.unwrap(), 200);
+    assert_eq!(world.hold_until("r").await, once, "extended once only");
+    // A second press of the button is a request of its own.
+    assert_eq!(
+        world.press(EXTEND, "r").send(&world.url).await.unwrap(),
+        200
+    );
+    assert_eq!(
+        world.hold_until("r").await,
+        Some(format_hold_until(since + SignedDuration::from_mins(60)))
+    );
+}
+
 /// Sends `body`'s payload with the signature headers made for `signed`'s.
 async fn send_with_signature_of(body: &Interaction, signed: &Interaction, url: &str) -> u16 {
     let encode = |i: &Interaction| {
@@ -298,6 +384,44 @@ async fn call_hold_api(
     let response = request.send().await.unwrap();
     let status = response.status().as_u16();
     (status, response.json().await.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn a_burst_of_made_up_tokens_costs_a_bounded_number_of_token_reviews() {
+    let world = World::new("hold-api-burst").await;
+    world
+        .held_runner("r", "Debugging", whole_seconds_ago(60))
+        .await;
+    let throttle = arcwright::debug::api::Throttle::default();
+    let started = std::time::Instant::now();
+    let mut reviewed = 0u64;
+    let mut refused = 0u64;
+    for i in 0..100 {
+        let token = format!("made-up-{i}-{:016x}", rand::random::<u64>());
+        let (status, answer) = call_hold_api(
+            &world,
+            reqwest::Method::POST,
+            "r",
+            Some(&token),
+            Some(json!({"duration": "30m"})),
+        )
+        .await;
+        match status {
+            // Reviewed, and found not to be a token.
+            401 => reviewed += 1,
+            429 => refused += 1,
+            other => panic!("{other}: {answer}"),
+        }
+    }
+    // Every answer but a 429 cost one TokenReview; the budget allows the
+    // burst and one more per refill the run took.
+    let grown = started.elapsed().as_secs() / throttle.refill().as_secs() + 1;
+    assert!(
+        reviewed <= u64::from(throttle.burst()) + grown,
+        "{reviewed} tokens reviewed, {refused} refused"
+    );
+    assert!(refused >= 100 - u64::from(throttle.burst()) - grown);
+    assert_eq!(world.hold_until("r").await, None, "nothing changed");
 }
 
 #[tokio::test]

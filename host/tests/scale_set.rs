@@ -23,7 +23,7 @@ use arcwright_harness::{TestEnv, eventually_explained};
 use clap::Parser;
 use fake_actions::{Endpoint, FakeActions, FakeConfig, JobSpec, Ledger};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use runner_simulator::{Simulator, SimulatorConfig};
@@ -57,7 +57,7 @@ struct World {
     /// The client hosts use, when not the test's own (an administrator).
     host_client: Option<kube::Client>,
     /// Flags the hosts get beyond the world's own.
-    flags: Vec<&'static str>,
+    flags: Vec<String>,
 }
 
 /// A host started beside the world's own.
@@ -131,7 +131,7 @@ impl World {
                 "0s",
             ]
             .into_iter()
-            .chain(self.flags.iter().copied()),
+            .chain(self.flags.iter().map(String::as_str)),
         )
         .options;
         let client = self
@@ -615,7 +615,7 @@ async fn a_warm_pool_of_min_runners_is_kept_through_a_burst() {
 #[tokio::test]
 async fn a_scale_set_asking_beyond_the_hosts_cap_gets_the_cap_and_says_so() {
     let mut world = World::unstarted("scale-set-capped", false).await;
-    world.flags = vec!["--max-runners-per-scale-set", "3"];
+    world.flags = vec!["--max-runners-per-scale-set".into(), "3".into()];
     world.start_host().await;
     world.create_set(2_000_000_000, 2_000_000_000).await;
     let set = world
@@ -707,6 +707,267 @@ async fn deleting_the_scale_set_removes_runners_registrations_and_the_scale_set(
         control.scale_sets().iter().all(|s| s.id != id),
         "the scale set is deleted in the service"
     );
+    assert_nothing_leaked(&world.ledger(), 0);
+}
+
+#[tokio::test]
+async fn deleting_the_scale_set_and_its_secret_together_still_tears_everything_down() {
+    let world = World::new("scale-set-uninstall").await;
+    world.create_set(2, 2).await;
+    world.settled_at(2).await;
+    let secrets: Api<Secret> = Api::namespaced(world.env.client(), world.env.namespace());
+    let set = world
+        .set_until("registered", |set| {
+            set.status
+                .as_ref()
+                .is_some_and(|s| s.runner_scale_set_id.is_some())
+        })
+        .await;
+    let id = World::scale_set_id(&set);
+    common::wait_credentials_held(world.env.client(), world.env.namespace()).await;
+
+    // As `helm uninstall` does: both at once.
+    secrets
+        .delete("github-auth", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.delete_set().await;
+    world.settled_at(0).await;
+    let control = world.fake.control();
+    assert!(
+        control.scale_sets().iter().all(|s| s.id != id),
+        "the scale set is deleted in the service"
+    );
+    assert_nothing_leaked(&world.ledger(), 0);
+    world
+        .until("the released Secret is gone", || async {
+            secrets
+                .get_opt("github-auth")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        })
+        .await;
+}
+
+#[tokio::test]
+async fn deleted_scale_sets_leave_no_metric_series_behind() {
+    const SETS: usize = 100;
+    let world = World::new("scale-set-series").await;
+    world.ready().await;
+    let name = |i: usize| format!("series-{i:03}");
+    // Every tenth keeps a warm runner, so runner series exist too.
+    for i in 0..SETS {
+        let set: AutoscalingRunnerSet = serde_json::from_value(json!({
+            "apiVersion": "arcwright.dev/v1alpha1",
+            "kind": "AutoscalingRunnerSet",
+            "metadata": {"name": name(i)},
+            "spec": {
+                "githubConfigUrl": world.fake.org_url("octo"),
+                "githubConfigSecret": "github-auth",
+                "minRunners": if i % 10 == 0 { 1 } else { 0 },
+                "maxRunners": 2,
+                "template": {"spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "runner", "image": "ghcr.io/actions/actions-runner:2.330.0"}],
+                }},
+            },
+        }))
+        .unwrap();
+        world
+            .sets()
+            .create(&PostParams::default(), &set)
+            .await
+            .unwrap();
+    }
+    let metrics = || async {
+        reqwest::get(format!("{}/metrics", world.base))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let series_of = |text: &str, i: usize| {
+        let set = name(i);
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| {
+                l.contains(&format!("name=\"{set}\""))
+                    || l.contains(&format!("scale_set=\"{set}\""))
+            })
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    world
+        .until("every set listens, its warm runners running", || async {
+            let sets = world.sets().list(&ListParams::default()).await.unwrap();
+            let listening = sets
+                .items
+                .iter()
+                .filter(|s| {
+                    s.status
+                        .as_ref()
+                        .and_then(|s| s.listener.as_ref())
+                        .is_some_and(|l| l.state == "Listening")
+                })
+                .count();
+            let text = metrics().await;
+            let runner_series = text
+                .lines()
+                .filter(|l| l.starts_with("arcwright_ephemeral_runners{") && l.contains("series-"))
+                .count();
+            (listening == SETS && runner_series > 0).then_some(())
+        })
+        .await;
+    let before = metrics().await;
+    assert!(!series_of(&before, 0).is_empty(), "{before}");
+
+    for i in 0..SETS {
+        world
+            .sets()
+            .delete(&name(i), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    world
+        .until("every set is gone", || async {
+            world
+                .sets()
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .is_empty()
+                .then_some(())
+        })
+        .await;
+    world.settled_at(0).await;
+    let after = metrics().await;
+    let left: Vec<String> = (0..SETS).flat_map(|i| series_of(&after, i)).collect();
+    assert!(left.is_empty(), "series left behind:\n{}", left.join("\n"));
+}
+
+#[tokio::test]
+async fn a_scale_set_deleted_in_the_service_is_registered_again_and_runs_the_next_job() {
+    let world = World::new("scale-set-lost").await;
+    world.create_set(0, 2).await;
+    let set = world.listening().await;
+    let lost = World::scale_set_id(&set);
+    world.run_jobs(1, Duration::from_millis(200)).await;
+    world.settled_at(0).await;
+
+    // An admin deletes it in GitHub's settings.
+    assert!(world.fake.control().delete_scale_set(lost));
+    let set = world
+        .set_until("a new scale set is recorded", |set| {
+            set.status
+                .as_ref()
+                .and_then(|s| s.runner_scale_set_id)
+                .is_some_and(|id| u64::try_from(id).ok() != Some(lost))
+        })
+        .await;
+    let found = World::scale_set_id(&set);
+    world
+        .until("the listener listens on the new scale set", || async {
+            world.fake.control().has_session(found).then_some(())
+        })
+        .await;
+    world.run_jobs(1, Duration::from_millis(200)).await;
+    assert!(world.event_reasons().await.contains("ScaleSetLost"));
+    world.settled_at(0).await;
+    assert_nothing_leaked(&world.ledger(), 0);
+}
+
+#[tokio::test]
+async fn two_sets_of_one_name_never_share_a_scale_set() {
+    let mut world = World::unstarted("scale-set-conflict", false).await;
+    // A second namespace the host watches too, where the first set is.
+    let other = format!("{}-b", world.env.namespace());
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(world.env.client());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": other}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    common::github_secret(world.env.client(), &other, world.fake.pat()).await;
+    world.flags = vec!["--namespace".into(), other.clone()];
+    world.start_host().await;
+    let first_sets: Api<AutoscalingRunnerSet> = Api::namespaced(world.env.client(), &other);
+    let first: AutoscalingRunnerSet = serde_json::from_value(json!({
+        "apiVersion": "arcwright.dev/v1alpha1",
+        "kind": "AutoscalingRunnerSet",
+        "metadata": {"name": NAME},
+        "spec": {
+            "githubConfigUrl": world.fake.org_url("octo"),
+            "githubConfigSecret": "github-auth",
+            "minRunners": 0,
+            "maxRunners": 1,
+            "template": {"spec": {"containers": [{"name": "runner", "image": "runner:1"}]}},
+        },
+    }))
+    .unwrap();
+    first_sets
+        .create(&PostParams::default(), &first)
+        .await
+        .unwrap();
+    let held = world
+        .until("the first set holds the scale set", || async {
+            first_sets
+                .get(NAME)
+                .await
+                .unwrap()
+                .status
+                .and_then(|s| s.runner_scale_set_id)
+        })
+        .await;
+
+    // The second, of the same name in the same organisation, waits and
+    // says for whom.
+    world.create_set(0, 2).await;
+    let waiting = world
+        .set_until("the second set says why it waits", |set| {
+            set.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "ScaleSetConflict" && c.status == "True")
+            })
+        })
+        .await;
+    let status = waiting.status.unwrap();
+    let condition = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "ScaleSetConflict")
+        .unwrap();
+    assert!(
+        condition.message.contains(&format!("{other}/{NAME}")),
+        "{}",
+        condition.message
+    );
+    assert_eq!(status.runner_scale_set_id, None, "nothing adopted");
+    assert!(world.event_reasons().await.contains("ScaleSetConflict"));
+
+    // The first goes (and its scale set with it): the second takes over.
+    first_sets
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+    let set = world
+        .set_until("the second set registers a scale set of its own", |set| {
+            set.status.as_ref().is_some_and(|s| {
+                s.runner_scale_set_id.is_some()
+                    && !s.conditions.iter().any(|c| c.type_ == "ScaleSetConflict")
+            })
+        })
+        .await;
+    assert_ne!(set.status.unwrap().runner_scale_set_id, Some(held));
+    world.listening().await;
+    world.run_jobs(1, Duration::from_millis(200)).await;
+    world.settled_at(0).await;
     assert_nothing_leaked(&world.ledger(), 0);
 }
 

@@ -245,6 +245,19 @@ wire_names! {
         /// `--max-runners-per-scale-set`, which then bounds the scale set
         /// ([`RunnersCappedReason`]); absent otherwise.
         RunnersCapped,
+        /// True while the scale set of this name is held by another
+        /// AutoscalingRunnerSet, which the message names
+        /// ([`ScaleSetConflictReason`]): this one waits, registering and
+        /// deleting nothing, until the name is free. Absent otherwise.
+        ScaleSetConflict,
+    }
+}
+
+wire_names! {
+    /// Why `ScaleSetConflict` is True.
+    ScaleSetConflictReason {
+        /// Another set records the scale set's id as its own.
+        HeldByAnotherSet,
     }
 }
 
@@ -286,5 +299,10 @@ wire_names! {
         PodTemplateRejected,
         /// The deletion is blocked (once per new reason).
         DeletionBlocked,
+        /// The scale set of this name is another set's (once per holder).
+        ScaleSetConflict,
+        /// The scale set the set recorded is gone from the service; it is
+        /// found again by name or registered anew.
+        ScaleSetLost,
     }
 }

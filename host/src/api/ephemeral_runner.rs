@@ -102,6 +102,17 @@ pub struct EphemeralRunnerSpec {
     pub spec: PodSpec,
 }
 
+/// A message posted to Slack: where, and which.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SlackMessage {
+    /// The channel's id (`C0123...`), as Slack answered, not the name the
+    /// spec may give.
+    pub channel: String,
+    /// The message's timestamp id (`1700000000.000100`).
+    pub ts: String,
+}
+
 /// Where a runner is in its life.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum EphemeralRunnerPhase {
@@ -237,6 +248,12 @@ pub struct EphemeralRunnerStatus {
     /// hold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold_cause: Option<HoldCause>,
+    /// The Slack message that told of the current hold (its channel id and
+    /// timestamp, as Slack answered the post). A button press acts on the
+    /// runner only from this message: a press naming the runner from any
+    /// other message, another host's, or a forged one, is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slack_message: Option<SlackMessage>,
     /// Set when the EphemeralRunnerSet renewed the runner for another job
     /// after it succeeded (see [`RunnerRenewal`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -115,6 +115,15 @@ pub mod finalizers {
         name: "arcwright.dev/autoscaling-runner-set",
         formerly: &["autoscalingrunnerset.arcwright.dev/finalizer"],
     };
+    /// Holds a scale set's GitHub credentials Secret while a scale set uses
+    /// it: `helm uninstall` deletes the set and its Secret together, and
+    /// without the Secret no runner's registration nor the scale set could
+    /// be removed from the service (ARC's `cleanup-protection` does the
+    /// same).
+    pub const CREDENTIALS_IN_USE: Finalizer = Finalizer {
+        name: "arcwright.dev/credentials-in-use",
+        formerly: &[],
+    };
 }
 
 /// The field managers of arcwright's writes, one per writer, so

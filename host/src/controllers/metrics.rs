@@ -234,6 +234,30 @@ impl ControllerMetrics {
     }
 }
 
+impl ControllerMetrics {
+    /// Removes the runner series of a deleted scale set. Until then a phase
+    /// no runner is in reads 0 rather than vanishing, so a dashboard sees a
+    /// drained scale set, not a gap.
+    pub fn forget_scale_set(&self, namespace: &str, scale_set: &str) {
+        let _counted = self.counted.lock().unwrap_or_else(|e| e.into_inner());
+        use crate::api::EphemeralRunnerPhase as Phase;
+        for phase in [
+            Phase::Pending,
+            Phase::Running,
+            Phase::Succeeded,
+            Phase::Failed,
+            Phase::Outdated,
+            Phase::Debugging,
+        ] {
+            self.runners.remove(&RunnerLabels {
+                namespace: namespace.to_owned(),
+                scale_set: scale_set.to_owned(),
+                phase: phase.as_str().to_owned(),
+            });
+        }
+    }
+}
+
 /// Observes a reconcile's duration when dropped.
 pub struct ReconcileTimer {
     histogram: Histogram,
@@ -267,8 +291,14 @@ mod tests {
         metrics.runner("ns", "a", Some(labels("Running")));
         metrics.runner("ns", "a", Some(labels("Running")));
         metrics.runner("ns", "b", None);
-        assert_eq!(metrics.runners.get_or_create(&labels("Pending")).get(), 0);
-        assert_eq!(metrics.runners.get_or_create(&labels("Running")).get(), 1);
+        assert_eq!(
+            metrics.runners.get(&labels("Pending")).map(|g| g.get()),
+            Some(0)
+        );
+        assert_eq!(
+            metrics.runners.get(&labels("Running")).map(|g| g.get()),
+            Some(1)
+        );
         metrics.deregistration("self-deregistered", "skipped");
         drop(metrics.time("ephemeral-runner"));
         let mut text = String::new();
@@ -302,5 +332,11 @@ mod tests {
             ),
             "{text}"
         );
+
+        // The scale set deleted: its runner series go, whatever the phase.
+        metrics.forget_scale_set("ns", "set");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(!text.contains(r#"scale_set="set""#), "{text}");
     }
 }

@@ -10,16 +10,22 @@
 //! So the hold API grants nothing `kubectl annotate` would not: it is a
 //! convenience for tools and chat bots that hold a token, not a new
 //! permission. The controller's own ServiceAccount needs `create` on
-//! `tokenreviews` and `subjectaccessreviews` for this.
+//! `tokenreviews` and `subjectaccessreviews` for this. How many tokens one
+//! client may have reviewed is bounded ([`Throttle`]): past it, 429.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Instant;
 
-use axum::Router;
 use axum::body::Bytes;
+use axum::extract::ConnectInfo;
 use axum::extract::{Path, State};
+use axum::http::HeaderValue;
+use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use axum::{Extension, Router};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
@@ -31,16 +37,37 @@ use serde_json::json;
 
 use super::control::{HoldChange, HoldControlError, change_hold};
 use super::hold::{format_hold_until, parse_duration};
+pub use super::throttle::Throttle;
 use crate::api::GROUP;
 
 /// The route the router serves.
 pub const PATH: &str = "/api/v1/namespaces/{namespace}/ephemeralrunners/{name}/hold";
 
-/// The router serving [`PATH`], for the runtime's server to mount.
+/// The router serving [`PATH`], for the runtime's server to mount, with
+/// the default review budget per client.
 pub fn router(client: Client) -> Router {
+    router_with(client, Throttle::default())
+}
+
+/// [`router`] with the review budget `throttle`. The client's address is
+/// read from the connection (`into_make_service_with_connect_info`); a
+/// server that does not provide it gives all its clients one budget.
+pub fn router_with(client: Client, throttle: Throttle) -> Router {
     Router::new()
         .route(PATH, post(extend).delete(release))
-        .with_state(Arc::new(client))
+        .with_state(Arc::new(Shared { client, throttle }))
+}
+
+struct Shared {
+    client: Client,
+    throttle: Throttle,
+}
+
+/// The address a request came from, when the server says.
+type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
+
+fn peer_ip(peer: &Peer) -> Option<IpAddr> {
+    peer.as_ref().map(|Extension(ConnectInfo(addr))| addr.ip())
 }
 
 #[derive(Deserialize)]
@@ -54,12 +81,14 @@ fn answer(status: StatusCode, message: impl Into<String>) -> Response {
 }
 
 async fn extend(
-    State(client): State<Arc<Client>>,
+    State(shared): State<Arc<Shared>>,
+    peer: Peer,
     Path((namespace, name)): Path<(String, String)>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(refused) = authorise(&client, &headers, &namespace, &name).await {
+    let client = &shared.client;
+    if let Err(refused) = authorise(&shared, peer_ip(&peer), &headers, &namespace, &name).await {
         return refused;
     }
     let by = match serde_json::from_slice::<ExtendBody>(&body) {
@@ -74,18 +103,19 @@ async fn extend(
             );
         }
     };
-    apply(&client, &namespace, &name, HoldChange::Extend(by)).await
+    apply(client, &namespace, &name, HoldChange::Extend(by)).await
 }
 
 async fn release(
-    State(client): State<Arc<Client>>,
+    State(shared): State<Arc<Shared>>,
+    peer: Peer,
     Path((namespace, name)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(refused) = authorise(&client, &headers, &namespace, &name).await {
+    if let Err(refused) = authorise(&shared, peer_ip(&peer), &headers, &namespace, &name).await {
         return refused;
     }
-    apply(&client, &namespace, &name, HoldChange::Release).await
+    apply(&shared.client, &namespace, &name, HoldChange::Release).await
 }
 
 async fn apply(client: &Client, namespace: &str, name: &str, change: HoldChange) -> Response {
@@ -114,13 +144,15 @@ async fn apply(client: &Client, namespace: &str, name: &str, change: HoldChange)
 
 /// Authenticates the bearer token and checks that its user may update the
 /// runner; the error is the response to send. The token is handed only to
-/// the TokenReview, never logged.
+/// the TokenReview, never logged, and only within `peer`'s review budget.
 async fn authorise(
-    client: &Client,
+    shared: &Shared,
+    peer: Option<IpAddr>,
     headers: &HeaderMap,
     namespace: &str,
     name: &str,
 ) -> Result<(), Response> {
+    let client = &shared.client;
     let token = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
@@ -128,6 +160,17 @@ async fn authorise(
         .map(str::trim)
         .filter(|t| !t.is_empty())
         .ok_or_else(|| answer(StatusCode::UNAUTHORIZED, "a bearer token is required"))?;
+    if let Err(wait) = shared.throttle.spend(peer, Instant::now()) {
+        tracing::warn!(client = ?peer, "hold API review budget spent; refusing");
+        let mut refused = answer(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many tokens to review from this client; try again later",
+        );
+        if let Ok(value) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
+            refused.headers_mut().insert(RETRY_AFTER, value);
+        }
+        return Err(refused);
+    }
     let review = TokenReview {
         spec: TokenReviewSpec {
             token: token.to_string(),

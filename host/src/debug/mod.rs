@@ -11,6 +11,7 @@
 pub mod api;
 pub mod control;
 pub mod hold;
+pub mod throttle;
 
 pub use control::{HoldChange, HoldControlError, change_hold};
 pub use hold::{DebugSpecError, HOLD_UNTIL_ANNOTATION, Hold};

@@ -12,6 +12,9 @@
 //! A scale set's series are removed when its listener stops, so a deleted
 //! scale set does not go on reporting its last figures.
 
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -57,6 +60,10 @@ pub struct ListenerMetrics {
     /// Where the scaling policies' failures are counted
     /// (`arcwright_policy_failures_total`), beside the other policy kinds'.
     policy: Option<crate::policy::metrics::PolicyMetrics>,
+    /// The policies each scale set's decisions were counted under, so its
+    /// decision series can go with it (a family cannot be searched by part
+    /// of a label set).
+    deciders: Arc<Mutex<HashMap<ScaleSetLabels, BTreeSet<String>>>>,
 }
 
 impl ListenerMetrics {
@@ -169,6 +176,12 @@ impl ListenerMetrics {
         self.desired_runners
             .get_or_create(scale_set)
             .set(i64::from(desired));
+        self.deciders
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(scale_set.clone())
+            .or_default()
+            .insert(policy.to_owned());
         self.decisions
             .get_or_create(&DecisionLabels {
                 namespace: scale_set.namespace.clone(),
@@ -179,8 +192,26 @@ impl ListenerMetrics {
             .inc();
     }
 
-    /// Removes a scale set's series (its listener stopped).
+    /// Removes a scale set's series (its listener stopped): a deleted scale
+    /// set leaves nothing behind, and a restarted listener starts its
+    /// counters over, which rate() reads as a reset.
     pub fn forget(&self, scale_set: &ScaleSetLabels) {
+        let policies = self
+            .deciders
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(scale_set)
+            .unwrap_or_default();
+        for policy in policies {
+            for direction in ["up", "down", "steady"] {
+                self.decisions.remove(&DecisionLabels {
+                    namespace: scale_set.namespace.clone(),
+                    scale_set: scale_set.name.clone(),
+                    policy: policy.clone(),
+                    direction,
+                });
+            }
+        }
         for family in [
             &self.available_jobs,
             &self.acquired_jobs,
@@ -243,5 +274,6 @@ mod tests {
         let text = encode(&registry);
         assert!(!text.contains("gha_assigned_jobs{"), "{text}");
         assert!(!text.contains("gha_desired_runners{"), "{text}");
+        assert!(!text.contains(r#"scale_set="linux""#), "{text}");
     }
 }

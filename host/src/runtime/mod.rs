@@ -545,7 +545,9 @@ impl Runtime {
             axum::serve(
                 listener,
                 server::router(shared.metrics.clone(), readiness.clone())
-                    .merge(shared.debug.router(&shared.client)),
+                    .merge(shared.debug.router(&shared.client))
+                    // The hold API's review budget is per client address.
+                    .into_make_service_with_connect_info::<std::net::SocketAddr>(),
             )
             .with_graceful_shutdown(stop_serving.clone().cancelled_owned())
             .into_future(),

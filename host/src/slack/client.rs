@@ -10,6 +10,7 @@ use url::Url;
 use super::SlackError;
 use crate::actions::{ClientOptions, Secret, build_http};
 use crate::api::SecretKeyRef;
+use crate::api::ephemeral_runner::SlackMessage;
 
 /// The key of the bot token in its Secret when the reference names none.
 pub const DEFAULT_TOKEN_KEY: &str = "token";
@@ -30,6 +31,8 @@ struct Answer {
     error: Option<String>,
     #[serde(default)]
     ts: Option<String>,
+    #[serde(default)]
+    channel: Option<String>,
 }
 
 impl SlackClient {
@@ -57,14 +60,15 @@ impl SlackClient {
     }
 
     /// Posts `text` (the notification's fallback) with `blocks` to
-    /// `channel`; returns the message's timestamp id.
+    /// `channel`; returns the message as Slack names it (the channel's id
+    /// and the message's timestamp id).
     pub async fn post_message(
         &self,
         token: &Secret,
         channel: &str,
         text: &str,
         blocks: serde_json::Value,
-    ) -> Result<String, SlackError> {
+    ) -> Result<SlackMessage, SlackError> {
         const METHOD: &str = "chat.postMessage";
         let url = self
             .api_url
@@ -107,7 +111,10 @@ impl SlackClient {
                 error: answer.error.unwrap_or_else(|| "unknown_error".into()),
             });
         }
-        Ok(answer.ts.unwrap_or_default())
+        Ok(SlackMessage {
+            channel: answer.channel.unwrap_or_else(|| channel.to_owned()),
+            ts: answer.ts.unwrap_or_default(),
+        })
     }
 }
 

@@ -9,8 +9,18 @@
 //! rest. Who pressed is logged with their Slack user id: Slack, not
 //! Kubernetes RBAC, decides who may press, so the channel the scale set
 //! posts to should be one whose members may hold its runners.
+//!
+//! A signature proves only that Slack sent the press, not that the button
+//! came from this host, so a press acts only on a runner whose scale set
+//! tells Slack at all, and only from the message posted about its hold (the
+//! channel and timestamp recorded in `status.slackMessage`): a button
+//! crafted in another message, naming a runner in a namespace that never
+//! posted, changes nothing (403). And each press is taken once: the same
+//! signed request again within the signature's five minutes (a replay) is
+//! answered 200 and changes nothing.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -23,7 +33,10 @@ use serde::Deserialize;
 use super::message::{EXTEND, RELEASE, parse_button_value};
 use super::signature::verify;
 use crate::actions::Secret;
+use crate::api::EphemeralRunner;
+use crate::api::ephemeral_runner::SlackMessage;
 use crate::debug::{HoldChange, change_hold};
+use kube::Api;
 
 /// The path the router serves.
 pub const PATH: &str = "/slack/interactions";
@@ -40,13 +53,34 @@ pub struct InteractionsConfig {
 struct Shared {
     client: kube::Client,
     config: InteractionsConfig,
+    /// The signatures of the presses taken, with their timestamps, kept as
+    /// long as the signature check would accept them again.
+    taken: Mutex<HashMap<String, i64>>,
+}
+
+/// How old a signed request may be (the signature check's window), and so
+/// how long a press is remembered.
+const REPLAY_WINDOW_SECS: i64 = 5 * 60;
+
+impl Shared {
+    /// Takes the press signed `signature` at `timestamp`; `false` when it
+    /// was taken already.
+    fn take(&self, signature: &str, timestamp: i64, now: i64) -> bool {
+        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        taken.retain(|_, at| now - *at <= REPLAY_WINDOW_SECS + 60);
+        taken.insert(signature.to_owned(), timestamp).is_none()
+    }
 }
 
 /// The router serving [`PATH`], for the runtime's server to mount.
 pub fn router(client: kube::Client, config: InteractionsConfig) -> Router {
     Router::new()
         .route(PATH, post(interaction))
-        .with_state(Arc::new(Shared { client, config }))
+        .with_state(Arc::new(Shared {
+            client,
+            config,
+            taken: Mutex::default(),
+        }))
 }
 
 #[derive(Deserialize)]
@@ -57,6 +91,17 @@ struct Payload {
     user: Option<User>,
     #[serde(default)]
     actions: Vec<Action>,
+    /// The message the button is in.
+    #[serde(default)]
+    container: Option<Container>,
+}
+
+#[derive(Deserialize)]
+struct Container {
+    #[serde(default)]
+    channel_id: String,
+    #[serde(default)]
+    message_ts: String,
 }
 
 #[derive(Deserialize)]
@@ -88,6 +133,18 @@ async fn interaction(
         tracing::warn!(%error, "refused a Slack interaction");
         return (StatusCode::UNAUTHORIZED, error.to_string());
     }
+    let now = jiff::Timestamp::now().as_second();
+    let signed_at = header("x-slack-request-timestamp")
+        .and_then(|t| t.parse::<i64>().ok())
+        .unwrap_or(now);
+    if !shared.take(
+        header("x-slack-signature").unwrap_or_default(),
+        signed_at,
+        now,
+    ) {
+        tracing::info!("ignored a Slack interaction already taken (a replay)");
+        return (StatusCode::OK, String::new());
+    }
     let Some(payload) = url::form_urlencoded::parse(&body)
         .find(|(key, _)| key == "payload")
         .and_then(|(_, value)| serde_json::from_str::<Payload>(&value).ok())
@@ -107,6 +164,14 @@ async fn interaction(
         let Some((namespace, name)) = parse_button_value(&action.value) else {
             return (StatusCode::BAD_REQUEST, "the button names no runner".into());
         };
+        let from = payload.container.as_ref().map(|c| SlackMessage {
+            channel: c.channel_id.clone(),
+            ts: c.message_ts.clone(),
+        });
+        if let Err(refusal) = posted_by_us(&shared.client, namespace, name, from.as_ref()).await {
+            tracing::warn!(%namespace, runner = %name, slack_user = %user, %refusal, "refused a Slack press");
+            return refusal.answer();
+        }
         match change_hold(&shared.client, namespace, name, change).await {
             Ok(until) => {
                 tracing::info!(%namespace, runner = %name, slack_user = %user, ?change, %until, "hold changed from Slack");
@@ -121,4 +186,63 @@ async fn interaction(
         }
     }
     (StatusCode::OK, String::new())
+}
+
+/// Why a press is not taken before the hold is looked at.
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    #[error("the runner {0} does not exist")]
+    NoRunner(String),
+    #[error("the runner {0}'s scale set does not tell Slack")]
+    NoSlack(String),
+    #[error("the button is not in the message posted about {0}'s hold")]
+    OtherMessage(String),
+    #[error("the runner could not be read: {0}")]
+    Unreadable(kube::Error),
+}
+
+impl Refusal {
+    fn answer(&self) -> (StatusCode, String) {
+        let status = match self {
+            Self::NoRunner(_) => StatusCode::CONFLICT,
+            Self::NoSlack(_) | Self::OtherMessage(_) => StatusCode::FORBIDDEN,
+            Self::Unreadable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        (status, self.to_string())
+    }
+}
+
+/// Whether the press of a button in the message `from` may act on the
+/// runner `namespace/name`: its scale set tells Slack, and `from` is the
+/// message this host posted about its hold.
+async fn posted_by_us(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    from: Option<&SlackMessage>,
+) -> Result<(), Refusal> {
+    let runners: Api<EphemeralRunner> = Api::namespaced(client.clone(), namespace);
+    let shown = format!("{namespace}/{name}");
+    let runner = runners
+        .get_opt(name)
+        .await
+        .map_err(Refusal::Unreadable)?
+        .ok_or_else(|| Refusal::NoRunner(shown.clone()))?;
+    if runner
+        .spec
+        .debug
+        .as_ref()
+        .and_then(|d| d.slack.as_ref())
+        .is_none()
+    {
+        return Err(Refusal::NoSlack(shown));
+    }
+    let posted = runner
+        .status
+        .as_ref()
+        .and_then(|s| s.slack_message.as_ref());
+    match (posted, from) {
+        (Some(posted), Some(from)) if posted == from && !posted.ts.is_empty() => Ok(()),
+        _ => Err(Refusal::OtherMessage(shown)),
+    }
 }

@@ -168,3 +168,25 @@ pub fn parse_exposition(text: &str) -> (BTreeMap<String, String>, Vec<Sample>) {
     }
     (types, samples)
 }
+
+/// Waits until the credentials Secret `github-auth` in `namespace` carries
+/// the finalizer a scale set holds it with.
+#[allow(dead_code)] // the binaries whose scale sets are deleted with their Secret
+pub async fn wait_credentials_held(client: kube::Client, namespace: &str) {
+    use kube::ResourceExt;
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client, namespace);
+    arcwright_harness::eventually(
+        "the credentials Secret is held",
+        std::time::Duration::from_secs(60),
+        || async {
+            let secret = secrets.get("github-auth").await.ok()?;
+            secret
+                .finalizers()
+                .iter()
+                .any(|f| f == arcwright::api::finalizers::CREDENTIALS_IN_USE.name)
+                .then_some(())
+        },
+    )
+    .await;
+}

@@ -86,6 +86,13 @@ impl Control {
         self.shared.write(|s| s.rotate_pat(pat.to_owned()));
     }
 
+    /// Deletes the scale set as an admin does in GitHub's settings (or the
+    /// service after seven dormant days): its session and registrations go
+    /// with it; returns whether it was deleted (not while a job runs).
+    pub fn delete_scale_set(&self, scale_set_id: u64) -> bool {
+        self.shared.write(|s| s.remove_scale_set(scale_set_id))
+    }
+
     /// Drops the scale set's message session, as the service does when it
     /// loses a listener; returns whether there was one.
     pub fn drop_session(&self, scale_set_id: u64) -> bool {

@@ -1467,6 +1467,16 @@ impl State {
 
     /// Control: the service drops the scale set's session, as it does when it
     /// loses track of a listener. Returns whether there was one.
+    /// Deletes the scale set `id` as an admin does in GitHub's settings (or
+    /// the service after seven dormant days); refused, as the API refuses
+    /// it, while its runners hold jobs.
+    pub(crate) fn remove_scale_set(&mut self, id: u64) -> bool {
+        let Some(tenant) = self.scale_sets.get(&id).map(|s| s.tenant) else {
+            return false;
+        };
+        self.delete_scale_set(tenant, id).is_ok()
+    }
+
     pub(crate) fn drop_session(&mut self, scale_set: u64) -> bool {
         let Some(id) = self
             .scale_sets

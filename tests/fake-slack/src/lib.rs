@@ -2,7 +2,8 @@
 //! HTTP on 127.0.0.1:
 //!
 //! - [`FakeSlack`] serves `POST /api/chat.postMessage` like the Web API:
-//!   `{"ok": true, "ts": ...}` for the bot token it was started with,
+//!   `{"ok": true, "channel": <id>, "ts": ...}` (a timestamp id per
+//!   message) for the bot token it was started with,
 //!   `{"ok": false, "error": "invalid_auth"}` for any other, and records
 //!   every post (token, body) for the test to read. [`FakeSlack::refuse_next`]
 //!   makes it answer `ratelimited` for a while, as Slack does when it sheds
@@ -158,19 +159,32 @@ async fn post_message(
     } else if body["channel"].as_str().is_none_or(str::is_empty) {
         json!({"ok": false, "error": "channel_not_found"})
     } else {
-        json!({"ok": true, "channel": body["channel"], "ts": "1700000000.000100"})
+        json!({"ok": true})
     };
-    let count = {
+    let (count, answer) = {
         let mut posts = shared.posts.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut answer = answer;
+        if accepted {
+            // As Slack: the channel by its id, whatever name the post gave,
+            // and a timestamp id of the message's own.
+            answer["channel"] = json!(channel_id(body["channel"].as_str().unwrap_or_default()));
+            answer["ts"] = json!(format!("1700000000.{:06}", posts.len() + 1));
+        }
         posts.push(Post {
             token,
             body,
             accepted,
         });
-        posts.len()
+        (posts.len(), answer)
     };
     shared.changed.send_replace(count);
     Json(answer)
+}
+
+/// The id the fake gives the channel `name` (`#ci-failures` is
+/// `CCI-FAILURES`), as Slack answers a post with the channel's id.
+pub fn channel_id(name: &str) -> String {
+    format!("C{}", name.trim_start_matches('#').to_uppercase())
 }
 
 /// How an interaction is signed.
@@ -198,14 +212,33 @@ impl Interaction {
     /// signed with `secret`, timestamped now.
     pub fn press(action_id: &str, value: &str, secret: &str) -> Interaction {
         Interaction {
+            // Every press of a real button has a trigger id and an action
+            // timestamp of its own, so no two presses are the same request.
             payload: json!({
                 "type": "block_actions",
+                "trigger_id": format!("{:016x}", rand::random::<u64>()),
                 "user": {"id": "U0TEST", "username": "tester"},
-                "actions": [{"action_id": action_id, "value": value, "type": "button"}],
+                "actions": [{
+                    "action_id": action_id,
+                    "value": value,
+                    "type": "button",
+                    "action_ts": format!("{}.{:06}", jiff::Timestamp::now().as_second(), rand::random::<u32>() % 1_000_000),
+                }],
             }),
             signing: Signing::With(secret.to_string()),
             timestamp: jiff::Timestamp::now().as_second(),
         }
+    }
+
+    /// The same press, of a button in the message `ts` of `channel` (by
+    /// id), as Slack says where the button was.
+    pub fn in_message(mut self, channel: &str, ts: &str) -> Interaction {
+        self.payload["container"] = json!({
+            "type": "message",
+            "channel_id": channel,
+            "message_ts": ts,
+        });
+        self
     }
 
     /// The same press, unsigned.

@@ -3,6 +3,7 @@
 //! manager. Nothing here decides; a call that finds its object already gone
 //! (a 404 on a deletion) counts as done.
 
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
@@ -86,6 +87,43 @@ async fn apply_step<L: ListenerControl, S: ActionsClientSource>(
             .await
             .map_err(kube_err("removing the finalizer"))?;
             context.forget(&namespace, &name);
+            context.metrics().forget_scale_set(&namespace, &name);
+        }
+        Step::HoldCredentials | Step::ReleaseCredentials => {
+            let held = matches!(step, Step::HoldCredentials);
+            let name = &set.spec.github_config_secret;
+            let Some(secret) = apis
+                .secrets
+                .get_metadata_opt(name)
+                .await
+                .map_err(kube_err("reading the credentials Secret"))?
+            else {
+                return Ok(Applied::All);
+            };
+            let metadata_api: kube::Api<kube::core::PartialObjectMeta<Secret>> =
+                kube::Api::namespaced(context.client.clone(), &namespace);
+            let result = if held {
+                finalizer::add(
+                    &metadata_api,
+                    &secret,
+                    &finalizers::CREDENTIALS_IN_USE,
+                    FIELD_MANAGER,
+                )
+                .await
+            } else {
+                finalizer::remove(
+                    &metadata_api,
+                    &secret,
+                    &finalizers::CREDENTIALS_IN_USE,
+                    FIELD_MANAGER,
+                )
+                .await
+            };
+            result.map_err(kube_err(if held {
+                "holding the credentials Secret"
+            } else {
+                "releasing the credentials Secret"
+            }))?;
         }
         Step::UpdateScaleSet { id, to } => {
             actions_client(context, set, client)

@@ -121,6 +121,10 @@ pub struct Context<L, S> {
     counts_changed: Mutex<HashMap<(String, String), Instant>>,
     /// The most runners one scale set has (`--max-runners-per-scale-set`).
     runner_cap: u32,
+    /// The caches of every watch this context's controllers run (one per
+    /// namespace, or one for all), so a set can tell whether another holds
+    /// the scale set it would adopt.
+    stores: Mutex<Vec<reflector::Store<AutoscalingRunnerSet>>>,
 }
 
 /// A loaded pod-validation policy and the reference it was loaded for.
@@ -146,6 +150,7 @@ impl<L: ListenerControl, S: ActionsClientSource> Context<L, S> {
             validators: Mutex::default(),
             counts_changed: Mutex::default(),
             runner_cap: crate::controllers::kit::DEFAULT_RUNNER_CAP,
+            stores: Mutex::default(),
         }
     }
 
@@ -174,6 +179,30 @@ impl<L: ListenerControl, S: ActionsClientSource> Context<L, S> {
 }
 
 impl<L, S> Context<L, S> {
+    /// The set, other than `uid`, that records the scale set `id` of the
+    /// service behind `config_url` as its own, as `namespace/name`. Only the
+    /// watched namespaces are known.
+    fn holder_of(&self, id: i64, config_url: &str, uid: Option<&str>) -> Option<String> {
+        let host = |url: &str| url::Url::parse(url).ok().map(|u| u.origin());
+        let stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
+        stores
+            .iter()
+            .flat_map(|store| store.state())
+            .find(|other| {
+                other.uid().as_deref() != uid
+                    && other.metadata.deletion_timestamp.is_none()
+                    && observe::scale_set_id(other) == Some(id)
+                    && host(&other.spec.github_config_url) == host(config_url)
+            })
+            .map(|other| {
+                format!(
+                    "{}/{}",
+                    other.namespace().unwrap_or_default(),
+                    other.name_any()
+                )
+            })
+    }
+
     /// Remembers that `namespace/name`'s runner counts moved now.
     fn note_counts_moved(&self, namespace: &str, name: &str) {
         self.counts_changed
@@ -234,6 +263,11 @@ pub async fn run<L: ListenerControl, S: ActionsClientSource>(
         move |delivered| metrics.owned_update(CONTROLLER, delivered),
     );
     let (reader, writer) = reflector::store();
+    context
+        .stores
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(reader.clone());
     let (events, listed) = synced.on_listed(
         watcher::watcher(sets, watcher::Config::default())
             .default_backoff()

@@ -24,6 +24,7 @@ use crate::api::{
 };
 use crate::controllers::kit::finalizer;
 use crate::credentials::{ActionsClientSource, CredentialsError};
+use crate::listener::Cause;
 use crate::listener::control::{ListenerConfig, ListenerControl};
 use crate::policy::PolicyKind;
 use crate::policy::types::PodValidationInput;
@@ -63,6 +64,8 @@ pub(super) struct Observation<'a, L, S> {
     verdict: TemplateVerdict,
     /// The Actions client, once the service was asked.
     pub client: Option<ActionsClient>,
+    /// Whether the credentials Secret is held, read once.
+    credentials_held: Option<bool>,
     /// What the plan decides from.
     pub observed: Observed,
 }
@@ -81,7 +84,9 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
             .get_opt(&set.name_any())
             .await
             .map_err(kube_err("reading the EphemeralRunnerSet"))?;
-        let observed = observed(&set, runner_set.as_ref(), context, verdict.clone());
+        let credentials_held = credentials_held(&set, apis).await?;
+        let mut observed = observed(&set, runner_set.as_ref(), context, verdict.clone());
+        observed.credentials_held = credentials_held;
         Ok(Self {
             context,
             apis,
@@ -89,6 +94,7 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
             runner_set,
             verdict,
             client: None,
+            credentials_held,
             observed,
         })
     }
@@ -142,6 +148,7 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
                     self.context,
                     self.verdict.clone(),
                 );
+                self.observed.credentials_held = self.credentials_held;
             }
         }
         self.observed.from_api_server = true;
@@ -185,9 +192,19 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
             .await
             .map_err(actions_err("looking the scale set up by name"))?;
         Ok(match by_name {
-            Some(scale_set) => ServiceScaleSet::Found {
-                group_id,
-                scale_set: Box::new(scale_set),
+            Some(scale_set) => match self.context.holder_of(
+                scale_set.id,
+                &self.set.spec.github_config_url,
+                self.set.uid().as_deref(),
+            ) {
+                Some(holder) => ServiceScaleSet::HeldByAnother {
+                    id: scale_set.id,
+                    holder,
+                },
+                None => ServiceScaleSet::Found {
+                    group_id,
+                    scale_set: Box::new(scale_set),
+                },
             },
             None => ServiceScaleSet::Absent { group_id },
         })
@@ -217,6 +234,9 @@ fn observed<L: ListenerControl, S>(
     template: TemplateVerdict,
 ) -> Observed {
     let mut status = set.status.clone().unwrap_or_default();
+    let scale_set_lost = status.listener.as_ref().is_some_and(|l| {
+        l.state == "Retrying" && l.reason.as_deref() == Some(Cause::ScaleSetNotFound.as_str())
+    });
     // The listener's fields are the listener's: left out of the comparison
     // and of the patch, so a status written here never undoes one the
     // listener wrote meanwhile.
@@ -275,13 +295,15 @@ fn observed<L: ListenerControl, S>(
         service: None,
         counts_moved_ago,
         capped: capped(set, context.runner_cap),
+        scale_set_lost,
+        credentials_held: None,
         now: jiff::Timestamp::now(),
     }
 }
 
 /// The scale set id: the status, or the annotation when the status was
 /// lost.
-fn scale_set_id(set: &AutoscalingRunnerSet) -> Option<i64> {
+pub(super) fn scale_set_id(set: &AutoscalingRunnerSet) -> Option<i64> {
     set.status
         .as_ref()
         .and_then(|s| s.runner_scale_set_id)
@@ -439,6 +461,20 @@ async fn validate<L, S>(
     })
 }
 
+/// Whether the credentials Secret holds our finalizer; `None` when it is
+/// absent or already being deleted (no finalizer can be added then).
+async fn credentials_held(set: &AutoscalingRunnerSet, apis: &Apis) -> Result<Option<bool>, Error> {
+    let secret = apis
+        .secrets
+        .get_metadata_opt(&set.spec.github_config_secret)
+        .await
+        .map_err(kube_err("reading the credentials Secret"))?;
+    Ok(secret.and_then(|secret| {
+        let held = finalizer::held(&secret, &finalizers::CREDENTIALS_IN_USE);
+        (held || secret.metadata.deletion_timestamp.is_none()).then_some(held)
+    }))
+}
+
 /// What [`super::plan::plan_deletion`] decides from: the EphemeralRunnerSet,
 /// the runners of the set (by label, or owned by the EphemeralRunnerSet),
 /// whether the credentials Secret exists, and the listener.
@@ -476,12 +512,28 @@ pub(super) async fn deletion<L: ListenerControl, S>(
         })
         .collect();
     let secret_name = set.spec.github_config_secret.clone();
-    let secret_present = apis
+    let secret = apis
         .secrets
         .get_metadata_opt(&secret_name)
         .await
-        .map_err(kube_err("reading the credentials Secret"))?
-        .is_some();
+        .map_err(kube_err("reading the credentials Secret"))?;
+    let credentials_held = secret
+        .as_ref()
+        .is_some_and(|secret| finalizer::held(secret, &finalizers::CREDENTIALS_IN_USE));
+    // Only worth a list when there is something to release.
+    let credentials_shared = credentials_held
+        && apis
+            .sets
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing the scale sets"))?
+            .items
+            .iter()
+            .any(|other| {
+                other.uid() != set.uid()
+                    && other.metadata.deletion_timestamp.is_none()
+                    && other.spec.github_config_secret == secret_name
+            });
     Ok(DeletionObserved {
         listener_running: context.listeners.running(&namespace, &name).is_some(),
         runner_set: runner_set.as_ref().map(|r| RunnerSetState {
@@ -490,7 +542,9 @@ pub(super) async fn deletion<L: ListenerControl, S>(
         }),
         runners,
         scale_set_id: scale_set_id(set),
-        secret_present,
+        secret_present: secret.is_some(),
+        credentials_held,
+        credentials_shared,
         secret_name,
         force: set
             .annotations()

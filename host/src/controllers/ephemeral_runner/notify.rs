@@ -27,7 +27,7 @@ use kube::{Api, Resource, ResourceExt};
 use super::Context;
 use super::apply::patch_params;
 use super::plan::{Precondition, StatusChange, StatusFields};
-use crate::api::ephemeral_runner::{EventReason, SlackNotifiedReason};
+use crate::api::ephemeral_runner::{EventReason, SlackMessage, SlackNotifiedReason};
 use crate::api::{EphemeralRunner, EphemeralRunnerPhase};
 use crate::controllers::kit::{Notice, conditions};
 use crate::slack::HeldFailure;
@@ -96,10 +96,19 @@ pub(super) fn notify(runner: &EphemeralRunner, failure: HeldFailure, ctx: &Conte
             }
             .await;
             match posted {
-                Ok(_) => {
+                Ok(posted) => {
                     tracing::info!(runner = %name, channel = %spec.channel, "told Slack of a held failure");
                     let told = format!("posted to {}", spec.channel);
-                    record(&runners, &name, &uid, SlackNotifiedReason::Posted, &told).await;
+                    let posted = Some(posted);
+                    record(
+                        &runners,
+                        &name,
+                        &uid,
+                        SlackNotifiedReason::Posted,
+                        &told,
+                        posted,
+                    )
+                    .await;
                     break;
                 }
                 Err(error) => {
@@ -115,7 +124,7 @@ pub(super) fn notify(runner: &EphemeralRunner, failure: HeldFailure, ctx: &Conte
                             .await;
                     }
                     let failed = SlackNotifiedReason::PostFailed;
-                    if !record(&runners, &name, &uid, failed, &why).await {
+                    if !record(&runners, &name, &uid, failed, &why, None).await {
                         break;
                     }
                 }
@@ -127,15 +136,17 @@ pub(super) fn notify(runner: &EphemeralRunner, failure: HeldFailure, ctx: &Conte
     });
 }
 
-/// Writes the `SlackNotified` condition on the runner, if it is still the
-/// one the post is about and still held; returns whether it is (whether
-/// a post is still wanted). A conflicting write is retried on a fresh read.
+/// Writes the `SlackNotified` condition on the runner (with the message
+/// `posted`, which its buttons are bound to), if it is still the one the
+/// post is about and still held; returns whether it is (whether a post is
+/// still wanted). A conflicting write is retried on a fresh read.
 async fn record(
     runners: &Api<EphemeralRunner>,
     name: &str,
     uid: &str,
     reason: SlackNotifiedReason,
     message: &str,
+    posted: Option<SlackMessage>,
 ) -> bool {
     for _ in 0..5 {
         let runner = match runners.get_opt(name).await {
@@ -155,7 +166,8 @@ async fn record(
         }
         let mut conditions = status.conditions.clone();
         let setting = super::plan::setting(reason, message);
-        if !conditions::set(&mut conditions, setting, Timestamp::now()) {
+        let changed = conditions::set(&mut conditions, setting, Timestamp::now());
+        if !changed && (posted.is_none() || status.slack_message == posted) {
             return true;
         }
         // The resourceVersion makes the patch fail rather than overwrite
@@ -166,6 +178,7 @@ async fn record(
             }),
             status: StatusFields {
                 conditions: Some(conditions),
+                slack_message: posted.clone(),
                 ..StatusFields::default()
             },
         };

@@ -229,6 +229,7 @@ fn settled_in_cache<'a>(runner: &'a EphemeralRunner, ctx: &Context) -> Option<Pl
         pool,
         verdict: None,
         presence: None,
+        registered_by_name: None,
         held: None,
         refused_pod: None,
         now: Timestamp::now(),
@@ -277,6 +278,7 @@ pub(super) async fn observe_and_plan<'a>(
         pool,
         verdict: None,
         presence: None,
+        registered_by_name: None,
         held: None,
         refused_pod: None,
         now: Timestamp::now(),
@@ -308,6 +310,18 @@ pub(super) async fn observe_and_plan<'a>(
                     verdict: decided.decision.verdict,
                     fallback_reason: decided.fallback_reason,
                 });
+            }
+            Err(Need::RegistrationByName) => {
+                let client = ctx.deps.clients.get(&github_target(runner)).await?;
+                let found = client.get_runner_by_name(&runner.name_any()).await?;
+                if let Some(found) = &found {
+                    tracing::warn!(
+                        runner = %runner.name_any(),
+                        id = found.id,
+                        "found a registration the runner never recorded; removing it"
+                    );
+                }
+                observed.registered_by_name = Some(found.map(|f| f.id));
             }
             Err(Need::Presence(runner_id)) => {
                 let client = ctx.deps.clients.get(&github_target(runner)).await?;
@@ -420,6 +434,7 @@ mod tests {
             pool: PoolView::Idle,
             verdict: None,
             presence: None,
+            registered_by_name: None,
             held: None,
             refused_pod: None,
             now: view.created + jiff::SignedDuration::from_mins(5),

@@ -42,6 +42,10 @@ pub struct SetMetrics {
     pub desired: Family<SetLabels, Gauge>,
     /// `arcwright_ephemeral_runner_set_current_runners{namespace,name}`.
     pub current: Family<SetLabels, Gauge>,
+    /// The sets reconciled and not deleted since: a runner event is counted
+    /// only for one of them, so a late event about a deleted set's runner
+    /// does not bring the set's series back.
+    live: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<SetLabels>>>,
 }
 
 impl SetMetrics {
@@ -71,8 +75,40 @@ impl SetMetrics {
         metrics
     }
 
-    /// Counts one runner event for the set `namespace/name`.
+    /// Removes every series of the set `labels` names: it is deleted.
+    pub fn forget(&self, labels: &SetLabels) {
+        self.live_sets().remove(labels);
+        self.reconciles.remove(labels);
+        self.desired.remove(labels);
+        self.current.remove(labels);
+        for outcome in ["delivered", "dropped"] {
+            self.runner_updates.remove(&RunnerUpdateLabels {
+                namespace: labels.namespace.clone(),
+                name: labels.name.clone(),
+                outcome: outcome.to_owned(),
+            });
+        }
+    }
+
+    /// Counts one reconcile of the set `labels` names.
+    pub fn reconciled(&self, labels: &SetLabels) {
+        self.live_sets().insert(labels.clone());
+        self.reconciles.get_or_create(labels).inc();
+    }
+
+    fn live_sets(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<SetLabels>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts one runner event for the set `namespace/name`, if it lives.
     pub fn runner_update(&self, namespace: &str, name: &str, delivered: bool) {
+        let set = SetLabels {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        };
+        if !self.live_sets().contains(&set) {
+            return;
+        }
         self.runner_updates
             .get_or_create(&RunnerUpdateLabels {
                 namespace: namespace.to_string(),
@@ -108,19 +144,24 @@ impl SetMetrics {
 mod tests {
     use super::*;
 
+    fn encode(registry: &Registry) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        text
+    }
+
     #[test]
-    fn series_are_exposed_under_their_documented_names() {
+    fn series_are_exposed_under_their_documented_names_and_go_with_the_set() {
         let mut registry = Registry::default();
         let metrics = SetMetrics::register(&mut registry);
-        metrics.runner_update("ns", "set", false);
         let labels = SetLabels {
             namespace: "ns".into(),
             name: "set".into(),
         };
+        metrics.reconciled(&labels);
+        metrics.runner_update("ns", "set", false);
         metrics.desired.get_or_create(&labels).set(3);
-        metrics.reconciles.get_or_create(&labels).inc();
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let text = encode(&registry);
         for line in [
             r#"arcwright_ephemeral_runner_set_runner_updates_total{namespace="ns",name="set",outcome="dropped"} 1"#,
             r#"arcwright_ephemeral_runner_set_desired_runners{namespace="ns",name="set"} 3"#,
@@ -130,5 +171,11 @@ mod tests {
         }
         assert_eq!(metrics.runner_updates_of("ns", "set", "dropped"), 1);
         assert_eq!(metrics.reconciles_of("ns", "set"), 1);
+
+        metrics.forget(&labels);
+        // A late event about one of its runners does not bring it back.
+        metrics.runner_update("ns", "set", true);
+        let text = encode(&registry);
+        assert!(!text.contains(r#"name="set""#), "{text}");
     }
 }

@@ -73,7 +73,15 @@ struct SetMemory {
     /// The generation whose decision a pass applied (see
     /// [`plan::SetView::decision_applied`]).
     pub decided: Option<i64>,
+    /// When its finalizer was removed: a pass queued behind that one reads
+    /// the set from a cache that may not show the removal yet, and must
+    /// neither act nor bring the set's metrics back.
+    pub released: Option<Instant>,
 }
+
+/// How long a released set is remembered: far longer than a watch takes
+/// to deliver its deletion.
+const RELEASED_KEPT: Duration = Duration::from_secs(300);
 
 impl Context {
     /// A context reporting events as this controller.
@@ -98,9 +106,26 @@ impl Context {
         change(self.memories().entry(uid.to_owned()).or_default());
     }
 
-    /// Forgets the set whose uid is `uid`: it is gone.
+    /// The set `labels` names, whose uid is `uid`, is released (its
+    /// finalizer removed) or gone (whoever deleted it): its series go, and
+    /// what the controller remembers of it but that.
+    fn release(&self, labels: &metrics::SetLabels, uid: &str) {
+        self.metrics.forget(labels);
+        self.forget(uid);
+    }
+
+    /// Forgets the set whose uid is `uid`, but that it was released: it is
+    /// gone. Sets released long ago are forgotten whole.
     fn forget(&self, uid: &str) {
-        self.memories().remove(uid);
+        let mut memories = self.memories();
+        memories.retain(|_, m| m.released.is_none_or(|at| at.elapsed() < RELEASED_KEPT));
+        memories.insert(
+            uid.to_owned(),
+            SetMemory {
+                released: Some(Instant::now()),
+                ..SetMemory::default()
+            },
+        );
     }
 
     fn memories(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, SetMemory>> {
@@ -112,6 +137,20 @@ impl Context {
 /// deletions, renewals, creations, then the status, last.
 async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.controller_metrics.time(CONTROLLER_NAME);
+    // Released already and about to go: a pass queued behind the last one
+    // has nothing to do, and must not bring the set's metrics back.
+    // (The cache may even predate the deletion.)
+    let released = (set.metadata.deletion_timestamp.is_some()
+        && !super::kit::finalizer::held(
+            set.as_ref(),
+            &crate::api::finalizers::EPHEMERAL_RUNNER_SET,
+        ))
+        || set
+            .uid()
+            .is_some_and(|uid| ctx.recall(&uid).released.is_some());
+    if released {
+        return Ok(Action::await_change());
+    }
     let observed = observe::observe(&set, &ctx).await?;
     let plan = plan::plan(&observed.set, &observed.views);
     let apply = Apply::new(&ctx, &set);
@@ -146,21 +185,24 @@ async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Ac
         for notice in plan.status_events.iter().cloned() {
             apply.publish(notice).await;
         }
-        ctx.metrics
-            .current
-            .get_or_create(&observed.metric_labels)
-            .set(i64::from(status.current_replicas));
+        if ctx.recall(&observed.uid).released.is_none() {
+            ctx.metrics
+                .current
+                .get_or_create(&observed.metric_labels)
+                .set(i64::from(status.current_replicas));
+        }
     }
-    ctx.metrics
-        .desired
-        .get_or_create(&observed.metric_labels)
-        .set(i64::from(set.spec.replicas));
     if plan.remove_finalizer {
         apply.remove_finalizer().await?;
-        ctx.metrics.current.remove(&observed.metric_labels);
-        ctx.metrics.desired.remove(&observed.metric_labels);
-        ctx.forget(&observed.uid);
+        ctx.release(&observed.metric_labels, &observed.uid);
         return Ok(Action::await_change());
+    }
+    // Unless the set went while this pass ran (its series are gone then).
+    if ctx.recall(&observed.uid).released.is_none() {
+        ctx.metrics
+            .desired
+            .get_or_create(&observed.metric_labels)
+            .set(i64::from(set.spec.replicas));
     }
     Ok(Action::requeue(plan.requeue))
 }
@@ -281,10 +323,24 @@ pub async fn run(
         None => (Api::all(ctx.client.clone()), Api::all(ctx.client.clone())),
     };
     let (reader, writer) = reflector::store();
+    let on_delete = Arc::clone(&ctx);
     let (events, listed) = synced.on_listed(
         watcher(sets, watcher::Config::default())
             .default_backoff()
-            .reflect(writer),
+            .reflect(writer)
+            // A set deleted without a pass of ours releasing it (it never
+            // got the finalizer) still takes its series with it.
+            .inspect_ok(move |event| {
+                if let watcher::Event::Delete(set) = event
+                    && let Some(uid) = set.uid()
+                {
+                    let labels = metrics::SetLabels {
+                        namespace: set.namespace().unwrap_or_default(),
+                        name: set.name_any(),
+                    };
+                    on_delete.release(&labels, &uid);
+                }
+            }),
     );
     let own = controller::trigger_self(events.applied_objects(), ());
     let owned = owned_triggers(

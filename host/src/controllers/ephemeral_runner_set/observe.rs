@@ -56,7 +56,7 @@ pub(super) async fn observe(set: &EphemeralRunnerSet, ctx: &Context) -> Result<O
         namespace: namespace.clone(),
         name: name.clone(),
     };
-    ctx.metrics.reconciles.get_or_create(&set_labels).inc();
+    ctx.metrics.reconciled(&set_labels);
     let api: Api<EphemeralRunner> = Api::namespaced(ctx.client.clone(), &namespace);
     let runners: Vec<EphemeralRunner> = api
         .list(&ListParams::default().labels(&format!("{}={name}", labels::EPHEMERAL_RUNNER_SET)))

@@ -4,7 +4,8 @@
 //! runners, idle ones deleted and busy ones waited for, because cancelling
 //! a job is not ours to do; then the EphemeralRunnerSet; then the scale set
 //! in the Actions service, which needs the credentials Secret (when it is
-//! gone the deletion says why and waits, unless an admin forces it); the
+//! gone the deletion says why and waits, unless an admin forces it); then
+//! the credentials Secret is released, unless another set uses it; the
 //! finalizer last.
 
 use std::time::Duration;
@@ -59,6 +60,11 @@ pub struct DeletionObserved {
     pub scale_set_id: Option<i64>,
     /// Whether the credentials Secret exists.
     pub secret_present: bool,
+    /// Whether it holds our `credentials-in-use` finalizer.
+    pub credentials_held: bool,
+    /// Whether another set in the namespace, not being deleted, names the
+    /// same Secret (it then keeps the Secret held).
+    pub credentials_shared: bool,
     /// The name of the credentials Secret (for the message).
     pub secret_name: String,
     /// Whether an admin asked to force the deletion
@@ -155,6 +161,9 @@ pub fn plan_deletion(observed: &DeletionObserved) -> DeletionPlan {
         Some(id) if observed.secret_present => steps.push(Step::DeleteScaleSet(id)),
         _ => {}
     }
+    if observed.credentials_held && !observed.credentials_shared {
+        steps.push(Step::ReleaseCredentials);
+    }
     steps.push(Step::RemoveFinalizer);
     DeletionPlan {
         steps,
@@ -230,6 +239,8 @@ mod tests {
             runners: vec![runner("idle", false, false), runner("busy", true, false)],
             scale_set_id: Some(7),
             secret_present: true,
+            credentials_held: false,
+            credentials_shared: false,
             secret_name: "github-auth".into(),
             force: false,
             conditions: Vec::new(),
@@ -332,6 +343,35 @@ mod tests {
                 Box::new(only_the_scale_set_left),
                 vec![DeleteScaleSet(7), RemoveFinalizer],
                 Deletion::Done,
+            ),
+            (
+                "held credentials are released once the scale set is gone",
+                Box::new(|o| {
+                    only_the_scale_set_left(o);
+                    o.credentials_held = true;
+                }),
+                vec![DeleteScaleSet(7), ReleaseCredentials, RemoveFinalizer],
+                Deletion::Done,
+            ),
+            (
+                "credentials another set names stay held",
+                Box::new(|o| {
+                    only_the_scale_set_left(o);
+                    o.credentials_held = true;
+                    o.credentials_shared = true;
+                }),
+                vec![DeleteScaleSet(7), RemoveFinalizer],
+                Deletion::Done,
+            ),
+            (
+                "credentials are kept while runners still need them",
+                Box::new(|o| {
+                    stopped_and_pinned(o);
+                    o.credentials_held = true;
+                    o.runners = vec![runner("idle", false, true)];
+                }),
+                vec![],
+                wait("waiting for 1 runner(s) to go"),
             ),
             (
                 "a scale set never registered only drops the finalizer",

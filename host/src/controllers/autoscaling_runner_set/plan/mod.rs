@@ -48,8 +48,20 @@
 //!    short beat ([`settle`]; tests: `... counts ...`).
 //! 7. **Deletion** goes listener, runners (idle ones deleted, busy ones
 //!    waited for), EphemeralRunnerSet, scale set in the service (or a
-//!    reason why it cannot be, or an admin's force), finalizer
-//!    ([`plan_deletion`]; tests in [`deletion`]).
+//!    reason why it cannot be, or an admin's force), the credentials
+//!    Secret released, finalizer ([`plan_deletion`]; tests in
+//!    [`deletion`]).
+//! 9. **One scale set, one set**: a scale set found by name whose id
+//!    another AutoscalingRunnerSet records is not adopted; the set waits,
+//!    saying which set holds it ([`conflicted`]); and a scale set the
+//!    listener finds gone from the service is found again or registered
+//!    anew ([`Observed::scale_set_lost`]; tests: `... conflict ...`, `...
+//!    lost ...`).
+//! 8. **The credentials Secret is held** with a finalizer while the set
+//!    exists, so deleting both together (`helm uninstall`) still leaves
+//!    the teardown its credentials; a deletion releases it once the scale
+//!    set is gone from the service, unless another set names the same
+//!    Secret (tests: `... credentials ...`).
 
 mod deletion;
 #[cfg(test)]
@@ -65,7 +77,7 @@ use serde_json::Value;
 use crate::actions::RunnerScaleSet;
 use crate::api::autoscaling_runner_set::{
     AutoscalingRunnerSetCondition, AutoscalingRunnerSetEvent, PodTemplateReason,
-    RunnersCappedReason,
+    RunnersCappedReason, ScaleSetConflictReason,
 };
 use crate::api::{
     AutoscalingRunnerSetPhase, AutoscalingRunnerSetStatus, EphemeralRunnerSetPhase,
@@ -158,6 +170,15 @@ pub enum ServiceScaleSet {
         /// The id the service gave it.
         id: i64,
     },
+    /// Found by name, but another AutoscalingRunnerSet records its id: two
+    /// sets driving one scale set would each scale it, and the first
+    /// deleted would delete it under the other.
+    HeldByAnother {
+        /// Its id.
+        id: i64,
+        /// The other set, `namespace/name`.
+        holder: String,
+    },
 }
 
 /// What a plan needs before it can decide the rest; the reconciler answers
@@ -224,6 +245,12 @@ pub struct RunnerSetPublication {
 pub enum Step {
     /// Add the finalizer.
     AddFinalizer,
+    /// Add [`finalizers::CREDENTIALS_IN_USE`](crate::api::finalizers::CREDENTIALS_IN_USE)
+    /// to the credentials Secret.
+    HoldCredentials,
+    /// Remove it: the scale set is gone from the service and no other set
+    /// names the Secret.
+    ReleaseCredentials,
     /// Bring the scale set's name, runner group and labels in line.
     UpdateScaleSet {
         /// Its id.
@@ -329,6 +356,15 @@ pub struct Observed {
     /// What in the spec the host's runner cap overrides, when something
     /// does: the `RunnersCapped` condition's message.
     pub capped: Option<String>,
+    /// Whether the listener reports the scale set gone from the service
+    /// (it retries with `ScaleSetNotFound`): the set finds it again by name
+    /// or registers it anew, and the listener restarts with its id.
+    pub scale_set_lost: bool,
+    /// Whether the credentials Secret holds
+    /// [`finalizers::CREDENTIALS_IN_USE`](crate::api::finalizers::CREDENTIALS_IN_USE);
+    /// `None` when there is nothing to hold (the Secret is absent, or
+    /// already being deleted, when no finalizer can be added).
+    pub credentials_held: Option<bool>,
     /// Now, for the conditions' transition times.
     pub now: Timestamp,
 }
@@ -361,6 +397,11 @@ fn decide(observed: &Observed) -> Plan {
     if !observed.has_finalizer && !written_before_asking {
         steps.push(Step::AddFinalizer);
     }
+    // The credentials stay while the scale set does, so a Secret deleted
+    // with the set is still there for its teardown.
+    if observed.credentials_held == Some(false) && !written_before_asking {
+        steps.push(Step::HoldCredentials);
+    }
     if let TemplateVerdict::Rejected(violations) = &observed.template {
         return rejected(observed, steps, violations);
     }
@@ -370,8 +411,11 @@ fn decide(observed: &Observed) -> Plan {
     if spec_changed && !written_before_asking {
         steps.push(Step::WriteStatus(StatusChange::Pending));
     }
+    if let Some(ServiceScaleSet::HeldByAnother { id, holder }) = &observed.service {
+        return conflicted(observed, steps, *id, holder);
+    }
     let id = match (
-        spec_changed || observed.scale_set_id.is_none(),
+        spec_changed || observed.scale_set_id.is_none() || observed.scale_set_lost,
         observed.scale_set_id,
     ) {
         (false, Some(id)) => id,
@@ -386,6 +430,19 @@ fn decide(observed: &Observed) -> Plan {
         },
     };
     if observed.scale_set_id != Some(id) {
+        if observed.scale_set_lost {
+            steps.push(Step::Publish(
+                Notice::warning(
+                    AutoscalingRunnerSetEvent::ScaleSetLost.as_str(),
+                    format!(
+                        "the scale set {} is gone from the Actions service; the set now drives \
+                         scale set {id}",
+                        observed.scale_set_id.unwrap_or_default()
+                    ),
+                )
+                .during("Register"),
+            ));
+        }
         steps.push(Step::AnnotateScaleSetId(id));
         steps.push(Step::WriteStatus(StatusChange::ScaleSetId(id)));
     }
@@ -413,6 +470,7 @@ fn decide(observed: &Observed) -> Plan {
             scale_set_id: Some(id),
             violations: None,
             pending_written,
+            conflict: None,
         },
     )
 }
@@ -446,8 +504,56 @@ fn rejected(observed: &Observed, mut steps: Vec<Step>, violations: &[Violation])
             scale_set_id: observed.scale_set_id,
             violations: Some(violations),
             pending_written: false,
+            conflict: None,
         },
     )
+}
+
+/// How soon a set waiting for another's scale set looks again: the holder's
+/// deletion frees the name, and nothing else tells this set.
+pub const CONFLICT_POLL: Duration = Duration::from_secs(15);
+
+/// Rule 9: the scale set of this name is another set's. Nothing is
+/// registered, adopted, built or deleted for it; the set says why it waits
+/// (an event once per holder) and looks again, with its spec left
+/// unapplied, so every look asks the service anew.
+fn conflicted(observed: &Observed, mut steps: Vec<Step>, id: i64, holder: &str) -> Plan {
+    let message = format!(
+        "the scale set {:?} (id {id}) is held by the AutoscalingRunnerSet {holder}; this set \
+         waits until it is free (rename one of them, or give it another runner group)",
+        observed.scale_set_name
+    );
+    let announced = observed.status.conditions.iter().any(|c| {
+        c.type_ == AutoscalingRunnerSetCondition::ScaleSetConflict.as_str() && c.message == message
+    });
+    if !announced {
+        steps.push(Step::Publish(
+            Notice::warning(
+                AutoscalingRunnerSetEvent::ScaleSetConflict.as_str(),
+                message.clone(),
+            )
+            .during("Register"),
+        ));
+    }
+    if observed.listener.is_some() {
+        steps.push(Step::StopListener);
+    }
+    let plan = settle(
+        observed,
+        steps,
+        Settled {
+            phase: AutoscalingRunnerSetPhase::Pending,
+            observed_generation: observed.status.observed_generation,
+            scale_set_id: observed.scale_set_id,
+            violations: None,
+            pending_written: true,
+            conflict: Some(&message),
+        },
+    );
+    Plan {
+        then: Then::LookAgainIn(CONFLICT_POLL),
+        ..plan
+    }
 }
 
 /// Rule 2: whether the scale set is parked, or must be: the runners
@@ -480,6 +586,7 @@ fn parked(observed: &Observed, mut steps: Vec<Step>) -> Plan {
             scale_set_id: observed.scale_set_id,
             violations: None,
             pending_written: false,
+            conflict: None,
         },
     )
 }
@@ -502,6 +609,9 @@ fn in_service(observed: &Observed, steps: &mut Vec<Step>) -> Result<i64, Need> {
             Err(Need::Registration(Box::new(desired(*group_id))))
         }
         Some(ServiceScaleSet::Registered { id }) => Ok(*id),
+        Some(ServiceScaleSet::HeldByAnother { .. }) => {
+            unreachable!("decide() answers a conflict before asking the service's scale set")
+        }
         Some(ServiceScaleSet::Found {
             group_id,
             scale_set,
@@ -600,6 +710,9 @@ struct Settled<'a> {
     /// Whether this pass wrote Pending: the stored status then no longer
     /// equals the observed one, so the final one is written regardless.
     pending_written: bool,
+    /// Why the set waits for another's scale set (the `ScaleSetConflict`
+    /// condition's message), when it does.
+    conflict: Option<&'a str>,
 }
 
 /// Rule 6: the status write that ends a reconcile, unless the status is
@@ -637,22 +750,36 @@ fn settle(observed: &Observed, mut steps: Vec<Step>, settled: Settled<'_>) -> Pl
         },
         observed.now,
     );
-    let capped = AutoscalingRunnerSetCondition::RunnersCapped.as_str();
-    match &observed.capped {
-        Some(message) => {
-            conditions::set(
-                &mut next.conditions,
-                conditions::Setting {
-                    type_: capped,
-                    status: true,
-                    reason: RunnersCappedReason::AboveHostLimit.as_str(),
-                    message,
-                    observed_generation: Some(observed.generation),
-                },
-                observed.now,
-            );
+    // Conditions that exist only while what they report is so.
+    let present = [
+        (
+            AutoscalingRunnerSetCondition::ScaleSetConflict,
+            ScaleSetConflictReason::HeldByAnotherSet.as_str(),
+            settled.conflict,
+        ),
+        (
+            AutoscalingRunnerSetCondition::RunnersCapped,
+            RunnersCappedReason::AboveHostLimit.as_str(),
+            observed.capped.as_deref(),
+        ),
+    ];
+    for (type_, reason, message) in present {
+        match message {
+            Some(message) => {
+                conditions::set(
+                    &mut next.conditions,
+                    conditions::Setting {
+                        type_: type_.as_str(),
+                        status: true,
+                        reason,
+                        message,
+                        observed_generation: Some(observed.generation),
+                    },
+                    observed.now,
+                );
+            }
+            None => next.conditions.retain(|c| c.type_ != type_.as_str()),
         }
-        None => next.conditions.retain(|c| c.type_ != capped),
     }
     let counts = |s: &AutoscalingRunnerSetStatus| {
         (

@@ -137,6 +137,8 @@ fn settled() -> Observed {
         service: None,
         counts_moved_ago: None,
         capped: None,
+        scale_set_lost: false,
+        credentials_held: Some(true),
         now: at(100),
     }
 }
@@ -641,6 +643,143 @@ fn a_spec_above_the_hosts_runner_cap_says_so_until_it_is_within() {
             "back within the cap, the condition goes",
             Box::new(|o| o.status.conditions.push(capped_condition(at(50)))),
             done(vec![write(running(2, at(0)))]),
+        ),
+    ]);
+}
+
+#[test]
+fn the_credentials_secret_is_held_once_and_only_when_there_is_one() {
+    check(vec![
+        (
+            "an unheld Secret is held",
+            Box::new(|o| o.credentials_held = Some(false)),
+            done(vec![Step::HoldCredentials]),
+        ),
+        (
+            "a held one is left alone",
+            Box::new(|o| o.credentials_held = Some(true)),
+            done(vec![]),
+        ),
+        (
+            "no Secret (or one being deleted): nothing to hold",
+            Box::new(|o| o.credentials_held = None),
+            done(vec![]),
+        ),
+    ]);
+}
+
+#[test]
+fn a_scale_set_another_set_holds_is_not_adopted_and_the_set_says_why() {
+    let mut o = settled();
+    spec_changed(&mut o);
+    o.listener = None;
+    o.service = Some(ServiceScaleSet::HeldByAnother {
+        id: 9,
+        holder: "team-b/linux".into(),
+    });
+    let plan = plan(&o);
+    assert_eq!(plan.then, Then::LookAgainIn(CONFLICT_POLL));
+    let [
+        Step::Publish(notice),
+        Step::WriteStatus(StatusChange::Settled(status)),
+    ] = plan.steps.as_slice()
+    else {
+        panic!("{:?}", plan.steps);
+    };
+    assert_eq!(notice.reason, "ScaleSetConflict");
+    assert!(notice.note.contains("team-b/linux"), "{}", notice.note);
+    assert_eq!(status.phase, Some(AutoscalingRunnerSetPhase::Pending));
+    assert_eq!(
+        status.observed_generation,
+        Some(2),
+        "the spec stays unapplied"
+    );
+    let condition = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "ScaleSetConflict")
+        .expect("the condition");
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("True", "HeldByAnotherSet")
+    );
+    assert!(
+        condition.message.contains("(id 9)"),
+        "{}",
+        condition.message
+    );
+
+    // Said once: the next look publishes nothing new, and a running
+    // listener is stopped.
+    o.status.conditions.push(condition.clone());
+    o.listener = Some(listener(&[]));
+    let plan = super::plan(&o);
+    assert!(
+        !plan.steps.iter().any(|s| matches!(s, Step::Publish(_))),
+        "{:?}",
+        plan.steps
+    );
+    assert!(plan.steps.contains(&Step::StopListener), "{:?}", plan.steps);
+}
+
+#[test]
+fn a_scale_set_lost_in_the_service_is_found_again_or_registered_anew() {
+    let lost = |o: &mut Observed| {
+        o.scale_set_lost = true;
+        o.from_api_server = true;
+    };
+    let registered_anew = done(vec![
+        Step::Publish(
+            Notice::warning(
+                "ScaleSetLost",
+                "the scale set 7 is gone from the Actions service; the set now drives scale set 12",
+            )
+            .during("Register"),
+        ),
+        Step::AnnotateScaleSetId(12),
+        Step::WriteStatus(StatusChange::ScaleSetId(12)),
+        // Pending while the listener is rebuilt (rule 5).
+        PENDING,
+        publish(2, runner_spec_for(12, env_a("1"))),
+        Step::StopListener,
+        start(listener_for(12, &[])),
+        write(AutoscalingRunnerSetStatus {
+            runner_scale_set_id: Some(12),
+            ..running(2, at(0))
+        }),
+    ]);
+    check(vec![
+        (
+            "the listener's ScaleSetNotFound sends the set to the service",
+            Box::new(lost),
+            ask(vec![], Need::ScaleSet),
+        ),
+        (
+            "gone by id and by name: registered again",
+            Box::new(move |o| {
+                lost(o);
+                o.service = Some(ServiceScaleSet::Absent { group_id: 1 });
+            }),
+            ask(
+                vec![],
+                Need::Registration(Box::new(RunnerScaleSet::new("linux", 1, &[]))),
+            ),
+        ),
+        (
+            "the new id is recorded and the listener restarted with it",
+            Box::new(move |o| {
+                lost(o);
+                o.service = Some(ServiceScaleSet::Registered { id: 12 });
+            }),
+            registered_anew,
+        ),
+        (
+            "found by its id after all (the listener's report is stale): nothing changes",
+            Box::new(move |o| {
+                lost(o);
+                o.service = found(7);
+            }),
+            done(vec![]),
         ),
     ]);
 }

@@ -114,17 +114,34 @@ pub(super) fn ensure_gone(
     status: &EphemeralRunnerStatus,
     ask_policy: bool,
 ) -> Result<Registration, Need> {
-    let runner_id = pass.runner_id;
+    let mut ask_policy = ask_policy;
     if status.is_true(RunnerCondition::Registered) == Some(false) {
         return Ok(Registration::Gone);
     }
-    if runner_id == 0 {
-        pass.condition(
-            RegisteredReason::NeverRegistered,
-            "the runner was never registered",
-        );
-        return Ok(Registration::Gone);
+    if pass.runner_id == 0 {
+        // Nothing recorded, which is not proof of nothing registered: the
+        // service is asked by name (a host that stopped between the
+        // registration and its Secret left one), and what it has is
+        // recorded and removed like any registration, with no policy to
+        // ask (it never ran).
+        match pass.obs.registered_by_name {
+            None => return Err(Need::RegistrationByName),
+            Some(None) => {
+                pass.condition(
+                    RegisteredReason::NeverRegistered,
+                    "the runner was never registered",
+                );
+                return Ok(Registration::Gone);
+            }
+            Some(Some(found)) => {
+                let name = pass.obs.runner.metadata.name.clone().unwrap_or_default();
+                pass.change.record_registration(found, &name, pass.obs.now);
+                pass.runner_id = found;
+                ask_policy = false;
+            }
+        }
     }
+    let runner_id = pass.runner_id;
     let obs = pass.obs;
     let settings = pass.settings;
     let verdict = || -> Result<(&'static str, Option<&VerdictView>), Need> {

@@ -305,6 +305,9 @@ pub struct Observed<'a> {
     pub verdict: Option<VerdictView>,
     /// Whether the runner is online, when the plan asked for it.
     pub presence: Option<Presence>,
+    /// The registration the service has under the runner's name, when the
+    /// plan asked ([`Need::RegistrationByName`]): `Some(None)` for none.
+    pub registered_by_name: Option<Option<i64>>,
     /// How many other runners of the same scale set are held for
     /// debugging, when the plan asked for it.
     pub held: Option<usize>,
@@ -324,6 +327,10 @@ pub enum Need {
     Presence(i64),
     /// Count the other runners of the scale set held for debugging.
     HeldCount,
+    /// Look the runner's name up in the service: it records no
+    /// registration, but a host that stopped between registering it and
+    /// storing its JIT config left one nobody records.
+    RegistrationByName,
 }
 
 /// One thing to do.

@@ -83,6 +83,9 @@ pub struct StatusFields {
     /// `holdCause`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hold_cause: Option<HoldCause>,
+    /// `slackMessage`: the post the hold's buttons are bound to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slack_message: Option<crate::api::ephemeral_runner::SlackMessage>,
     /// `conditions`, whole.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<Condition>>,
@@ -136,6 +139,9 @@ impl StatusFields {
         }
         if let Some(cause) = self.hold_cause {
             out.hold_cause = Some(cause);
+        }
+        if let Some(posted) = &self.slack_message {
+            out.slack_message = Some(posted.clone());
         }
         if let Some(conditions) = &self.conditions {
             out.conditions.clone_from(conditions);

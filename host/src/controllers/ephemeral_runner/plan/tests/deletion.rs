@@ -239,6 +239,35 @@ fn deletion_holds_the_finalizer_until_everything_is_gone() {
 }
 
 #[test]
+fn a_registration_the_runner_never_recorded_is_found_by_name_and_removed() {
+    // Nothing recorded: the service is asked before the finalizer goes.
+    let need = case(Runner::new().deleting())
+        .by_name(None)
+        .run()
+        .unwrap_err();
+    assert_eq!(need, Need::RegistrationByName);
+    // It has one (a host stopped between registering and storing the
+    // config): recorded, and removed as any registration, policy unasked.
+    let steps = case(Runner::new().deleting())
+        .by_name(Some(Some(42)))
+        .steps();
+    assert_eq!(
+        describe(&steps),
+        [
+            "status runnerId=42 Registered=RemoveNow",
+            "deregister 42",
+            "event Normal Deregistering"
+        ]
+    );
+    let status = status_of(&steps);
+    assert_eq!(
+        status.runner_id,
+        Some(42),
+        "the next pass follows the removal by id"
+    );
+}
+
+#[test]
 fn a_lost_secret_means_a_new_registration_after_the_old_one_goes() {
     // Registered, the Secret is gone: the old registration is removed first.
     let steps = case(Runner::new().registered(7).phase(Pending)).steps();

@@ -211,6 +211,7 @@ pub(super) struct Case {
     pub(super) pool: PoolView,
     pub(super) verdict: Option<VerdictView>,
     pub(super) presence: Option<Presence>,
+    pub(super) registered_by_name: Option<Option<i64>>,
     pub(super) held: Option<usize>,
     pub(super) refused_pod: Option<String>,
     pub(super) now: i64,
@@ -224,6 +225,9 @@ pub(super) fn case(runner: Runner) -> Case {
         pool: PoolView::Idle,
         verdict: None,
         presence: None,
+        // Asked, and the service has nothing under the name: what every
+        // case but those about unrecorded registrations assumes.
+        registered_by_name: Some(None),
         held: None,
         refused_pod: None,
         now: 10,
@@ -254,6 +258,11 @@ impl Case {
         self.presence = Some(presence);
         self
     }
+    /// What the service has under the runner's name (`None`: not asked).
+    pub(super) fn by_name(mut self, found: Option<Option<i64>>) -> Self {
+        self.registered_by_name = found;
+        self
+    }
     pub(super) fn now(mut self, now: i64) -> Self {
         self.now = now;
         self
@@ -280,6 +289,7 @@ impl Case {
             pool: self.pool.clone(),
             verdict: self.verdict.clone(),
             presence: self.presence,
+            registered_by_name: self.registered_by_name,
             held: self.held,
             refused_pod: self.refused_pod.clone(),
             now: at(self.now),
