@@ -53,7 +53,8 @@ impl World {
         let base = format!("http://{}", listener.local_addr().unwrap());
         let url = format!("{base}{}", interactions::PATH);
         let server = tokio::spawn(async move {
-            let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+            let app =
+                app.into_make_service_with_connect_info::<arcwright::debug::api::ClientAddr>();
             axum::serve(listener, app).await.unwrap();
         });
         World {

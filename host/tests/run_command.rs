@@ -260,6 +260,100 @@ async fn run_becomes_ready_serves_policy_metrics_and_exits_cleanly_on_sigterm() 
     log_line(&mut lines, "shut down cleanly").await;
 }
 
+/// With `--debug-listen-address` and a certificate, the hold API and
+/// Slack's endpoint move to a TLS listener of their own: there they are
+/// served over TLS only, and the main listener serves neither.
+#[tokio::test]
+async fn the_hold_api_can_be_served_alone_over_tls() {
+    let env = TestEnv::new("run-debug-tls").await;
+    let kubeconfig = env.control_plane().kubeconfig_path().to_str().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let cert = files.path().join("tls.crt");
+    let key = files.path().join("tls.key");
+    std::fs::write(&cert, certified.cert.pem()).unwrap();
+    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+    let signing_secret = files.path().join("signing-secret");
+    std::fs::write(&signing_secret, "run-command-secret").unwrap();
+    let (mut child, mut lines) = start(&[
+        "--kubeconfig",
+        kubeconfig,
+        "--namespace",
+        env.namespace(),
+        "--listen-address",
+        "127.0.0.1:0",
+        "--debug-listen-address",
+        "127.0.0.1:0",
+        "--debug-tls-cert-file",
+        cert.to_str().unwrap(),
+        "--debug-tls-key-file",
+        key.to_str().unwrap(),
+        "--slack-signing-secret-file",
+        signing_secret.to_str().unwrap(),
+        "--log-format",
+        "json",
+    ]);
+    let debug = log_line(&mut lines, "serving the hold API and Slack interactions").await;
+    assert_eq!(debug["tls"], true, "{debug}");
+    let serving = log_line(
+        &mut lines,
+        "serving /healthz, /readyz, /metrics and the hold API",
+    )
+    .await;
+    let port = debug["address"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_owned();
+    let hold = |base: &str| {
+        format!(
+            "{base}/api/v1/namespaces/{}/ephemeralrunners/absent/hold",
+            env.namespace()
+        )
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let trusting = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(certified.cert.pem().as_bytes()).unwrap()])
+        .build()
+        .unwrap();
+    // Over TLS: served, and the caller checked (no token, 401).
+    let answer = trusting
+        .post(hold(&format!("https://localhost:{port}")))
+        .json(&serde_json::json!({"duration": "10m"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 401);
+    // Slack's endpoint is there too: an unsigned press is refused.
+    let press = trusting
+        .post(format!("https://localhost:{port}/slack/interactions"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(press.status(), 401);
+    // In clear text: no answer at all from the TLS port.
+    let plain = reqwest::Client::new()
+        .post(hold(&format!("http://127.0.0.1:{port}")))
+        .timeout(Duration::from_secs(15))
+        .send()
+        .await;
+    assert!(plain.is_err(), "{plain:?}");
+    // The main listener serves neither any more.
+    let base = format!("http://{}", serving["address"].as_str().unwrap());
+    let http = reqwest::Client::new();
+    let main = http.post(hold(&base)).send().await.unwrap();
+    assert_eq!(main.status(), 404);
+    let main = http
+        .post(format!("{base}/slack/interactions"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(main.status(), 404);
+    child.kill().await.unwrap();
+}
+
 /// A default policy that cannot be configured stops the process at
 /// start-up with its reason, rather than applying to no scale set quietly.
 #[tokio::test]

@@ -44,6 +44,9 @@ const VARS: &[&str] = &[
     "ARCWRIGHT_REGISTRATION_TIMEOUT",
     "ARCWRIGHT_MAX_RUNNERS_PER_SCALE_SET",
     "ARCWRIGHT_ALLOW_PLAIN_HTTP",
+    "ARCWRIGHT_DEBUG_LISTEN_ADDRESS",
+    "ARCWRIGHT_DEBUG_TLS_CERT_FILE",
+    "ARCWRIGHT_DEBUG_TLS_KEY_FILE",
 ];
 
 /// Parses `args` with exactly the `env` variables of ours set.
@@ -83,6 +86,9 @@ fn expected() -> RunOptions {
         },
         http: HttpOptions {
             listen_address: "127.0.0.1:9090".parse().unwrap(),
+            debug_listen_address: Some("0.0.0.0:8443".parse().unwrap()),
+            debug_tls_cert_file: Some("/etc/arcwright/tls/tls.crt".into()),
+            debug_tls_key_file: Some("/etc/arcwright/tls/tls.key".into()),
         },
         log: LogOptions {
             log_format: LogFormat::Json,
@@ -132,6 +138,12 @@ fn every_flag_is_read() {
             "ci-large",
             "--listen-address",
             "127.0.0.1:9090",
+            "--debug-listen-address",
+            "0.0.0.0:8443",
+            "--debug-tls-cert-file",
+            "/etc/arcwright/tls/tls.crt",
+            "--debug-tls-key-file",
+            "/etc/arcwright/tls/tls.key",
             "--log-format",
             "json",
             "--log-level",
@@ -183,6 +195,12 @@ fn every_flag_falls_back_to_its_environment_variable() {
             ("ARCWRIGHT_KUBECONFIG", "/etc/kube/config"),
             ("ARCWRIGHT_NAMESPACES", "ci,ci-large"),
             ("ARCWRIGHT_LISTEN_ADDRESS", "127.0.0.1:9090"),
+            ("ARCWRIGHT_DEBUG_LISTEN_ADDRESS", "0.0.0.0:8443"),
+            (
+                "ARCWRIGHT_DEBUG_TLS_CERT_FILE",
+                "/etc/arcwright/tls/tls.crt",
+            ),
+            ("ARCWRIGHT_DEBUG_TLS_KEY_FILE", "/etc/arcwright/tls/tls.key"),
             ("ARCWRIGHT_LOG_FORMAT", "json"),
             ("ARCWRIGHT_LOG_LEVEL", "arcwright=debug,kube=warn"),
             ("ARCWRIGHT_RECONCILE_CONCURRENCY", "32"),

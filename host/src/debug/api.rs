@@ -19,12 +19,14 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::ConnectInfo;
+use axum::extract::connect_info::Connected;
 use axum::extract::{Path, State};
 use axum::http::HeaderValue;
 use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use axum::serve::IncomingStream;
 use axum::{Extension, Router};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::authorization::v1::{
@@ -63,11 +65,25 @@ struct Shared {
     throttle: Throttle,
 }
 
+/// The address a client connected from, for the review budget: what a
+/// server hands the routers when made with
+/// `into_make_service_with_connect_info::<ClientAddr>()`, over plain TCP or
+/// TLS alike.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddr(pub SocketAddr);
+
+impl Connected<IncomingStream<'_, tokio::net::TcpListener>> for ClientAddr {
+    fn connect_info(stream: IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+        Self(*stream.remote_addr())
+    }
+}
+
 /// The address a request came from, when the server says.
-type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
+type Peer = Option<Extension<ConnectInfo<ClientAddr>>>;
 
 fn peer_ip(peer: &Peer) -> Option<IpAddr> {
-    peer.as_ref().map(|Extension(ConnectInfo(addr))| addr.ip())
+    peer.as_ref()
+        .map(|Extension(ConnectInfo(addr))| addr.0.ip())
 }
 
 #[derive(Deserialize)]

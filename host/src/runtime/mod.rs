@@ -33,6 +33,7 @@
 //! once this replica holds the Lease; losing it stops the process
 //! ([`leader`]).
 
+pub mod debug_endpoint;
 pub mod leader;
 pub mod metrics;
 pub mod options;
@@ -110,6 +111,9 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
+    /// The hold API's TLS certificate or key cannot be used.
+    #[error("the debug endpoint's TLS: {0}")]
+    DebugTls(String),
     /// The endpoints' server stopped.
     #[error("the HTTP server stopped: {0}")]
     Serve(#[source] std::io::Error),
@@ -458,7 +462,9 @@ pub fn run(options: RunOptions) -> Result<(), RuntimeError> {
                 identity: format!("{}-{:08x}", shared.owner, rand::random::<u32>()),
                 duration: options.election.lease_duration,
             });
+            let debug = debug_endpoint::DebugEndpoint::bind(&options.http).await?;
             Runtime::new(shared, listener, options.shutdown.shutdown_timeout)
+                .with_debug_endpoint(debug)
                 .with_election(election)
                 .components(wiring::components())
                 .run_until(signal)
@@ -486,6 +492,7 @@ pub fn shutdown_signal() -> Result<impl Future<Output = ()> + Send + 'static, Ru
 pub struct Runtime {
     shared: Shared,
     listener: TcpListener,
+    debug: Option<debug_endpoint::DebugEndpoint>,
     shutdown_timeout: Duration,
     components: Vec<Component>,
     election: Option<leader::Election>,
@@ -500,10 +507,18 @@ impl Runtime {
         Self {
             shared,
             listener,
+            debug: None,
             shutdown_timeout,
             components: Vec::new(),
             election: None,
         }
+    }
+
+    /// Serves the hold API and Slack's endpoint on `debug` instead of the
+    /// main listener (see [`debug_endpoint`]); `None` keeps them there.
+    pub fn with_debug_endpoint(mut self, debug: Option<debug_endpoint::DebugEndpoint>) -> Self {
+        self.debug = debug;
+        self
     }
 
     /// Campaigns for `election`'s Lease; leader-only components wait for it.
@@ -525,6 +540,7 @@ impl Runtime {
         let Self {
             shared,
             listener,
+            debug,
             shutdown_timeout,
             components,
             election,
@@ -541,13 +557,45 @@ impl Runtime {
         let readiness = Readiness::default();
         let address = listener.local_addr().map_err(RuntimeError::Serve)?;
         let stop_serving = CancellationToken::new();
+        let probes = server::router(shared.metrics.clone(), readiness.clone());
+        let held = shared.debug.router(&shared.client);
+        let (main, separate) = match debug {
+            Some(endpoint) => (probes, Some((endpoint, held))),
+            None => (probes.merge(held), None),
+        };
+        if let Some((endpoint, held)) = separate {
+            let debug_address = endpoint.local_addr().map_err(RuntimeError::Serve)?;
+            let tls = endpoint.tls.is_some();
+            // The hold API's review budget is per client address.
+            let held = held.into_make_service_with_connect_info::<crate::debug::api::ClientAddr>();
+            let stop = stop_serving.clone().cancelled_owned();
+            match endpoint.tls {
+                Some(config) => {
+                    let listener = debug_endpoint::TlsListener::new(endpoint.listener, config);
+                    tokio::spawn(
+                        axum::serve(listener, held)
+                            .with_graceful_shutdown(stop)
+                            .into_future(),
+                    );
+                }
+                None => {
+                    tokio::spawn(
+                        axum::serve(endpoint.listener, held)
+                            .with_graceful_shutdown(stop)
+                            .into_future(),
+                    );
+                }
+            }
+            tracing::info!(
+                address = %debug_address,
+                tls,
+                "serving the hold API and Slack interactions"
+            );
+        }
         let mut server = tokio::spawn(
             axum::serve(
                 listener,
-                server::router(shared.metrics.clone(), readiness.clone())
-                    .merge(shared.debug.router(&shared.client))
-                    // The hold API's review budget is per client address.
-                    .into_make_service_with_connect_info::<std::net::SocketAddr>(),
+                main.into_make_service_with_connect_info::<crate::debug::api::ClientAddr>(),
             )
             .with_graceful_shutdown(stop_serving.clone().cancelled_owned())
             .into_future(),
@@ -734,6 +782,9 @@ mod tests {
             },
             http: HttpOptions {
                 listen_address: "127.0.0.1:0".parse().unwrap(),
+                debug_listen_address: None,
+                debug_tls_cert_file: None,
+                debug_tls_key_file: None,
             },
             log: LogOptions {
                 log_format: LogFormat::Text,

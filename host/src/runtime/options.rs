@@ -276,6 +276,27 @@ pub struct HttpOptions {
         default_value = "0.0.0.0:8080"
     )]
     pub listen_address: SocketAddr,
+    /// Serve the hold API and `/slack/interactions` on this address instead,
+    /// so they can be exposed (with TLS) without the metrics.
+    #[arg(long, env = "ARCWRIGHT_DEBUG_LISTEN_ADDRESS", value_name = "ADDRESS")]
+    pub debug_listen_address: Option<SocketAddr>,
+    /// The PEM certificate chain the debug address serves TLS with (with
+    /// `--debug-tls-key-file`).
+    #[arg(
+        long,
+        env = "ARCWRIGHT_DEBUG_TLS_CERT_FILE",
+        value_name = "PATH",
+        requires_all = ["debug_listen_address", "debug_tls_key_file"]
+    )]
+    pub debug_tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of that certificate.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_DEBUG_TLS_KEY_FILE",
+        value_name = "PATH",
+        requires_all = ["debug_listen_address", "debug_tls_cert_file"]
+    )]
+    pub debug_tls_key_file: Option<PathBuf>,
 }
 
 /// How the Actions service is reached.
@@ -440,7 +461,12 @@ mod tests {
         let RunOptions {
             kube,
             watch,
-            http: HttpOptions { listen_address },
+            http:
+                HttpOptions {
+                    listen_address,
+                    debug_listen_address,
+                    ..
+                },
             log: LogOptions {
                 log_format,
                 log_level,
@@ -475,6 +501,7 @@ mod tests {
         assert_eq!(kube.source(), KubeSource::Infer);
         assert_eq!(watch.scope(), WatchScope::All);
         assert_eq!(listen_address, "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(debug_listen_address, None, "the hold API beside the probes");
         assert_eq!(log_format, LogFormat::Text);
         assert_eq!(log_level, "info");
         assert_eq!(reconcile_concurrency, 8);

@@ -189,8 +189,9 @@ impl<L, S> Context<L, S> {
             .iter()
             .flat_map(|store| store.state())
             .find(|other| {
+                // A set being deleted still holds it: it deletes it in the
+                // service before it goes.
                 other.uid().as_deref() != uid
-                    && other.metadata.deletion_timestamp.is_none()
                     && observe::scale_set_id(other) == Some(id)
                     && host(&other.spec.github_config_url) == host(config_url)
             })

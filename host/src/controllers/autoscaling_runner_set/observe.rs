@@ -529,10 +529,10 @@ pub(super) async fn deletion<L: ListenerControl, S>(
             .map_err(kube_err("listing the scale sets"))?
             .items
             .iter()
+            // A set being deleted counts too: its teardown needs the
+            // Secret until it is gone (the last set to go releases it).
             .any(|other| {
-                other.uid() != set.uid()
-                    && other.metadata.deletion_timestamp.is_none()
-                    && other.spec.github_config_secret == secret_name
+                other.uid() != set.uid() && other.spec.github_config_secret == secret_name
             });
     Ok(DeletionObserved {
         listener_running: context.listeners.running(&namespace, &name).is_some(),

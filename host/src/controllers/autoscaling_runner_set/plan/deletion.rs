@@ -62,8 +62,8 @@ pub struct DeletionObserved {
     pub secret_present: bool,
     /// Whether it holds our `credentials-in-use` finalizer.
     pub credentials_held: bool,
-    /// Whether another set in the namespace, not being deleted, names the
-    /// same Secret (it then keeps the Secret held).
+    /// Whether another set in the namespace names the same Secret, even one
+    /// being deleted (it then keeps the Secret held for its own teardown).
     pub credentials_shared: bool,
     /// The name of the credentials Secret (for the message).
     pub secret_name: String,
