@@ -10,14 +10,14 @@
 
 mod relay;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use arcwright::actions::{
     ActionsClient, ActionsError, ClientOptions, ConfigUrl, Credentials, Label, ProxyAuth,
     ProxyConfig, RetryPolicy, RunnerScaleSet, Secret,
 };
+use arcwright_harness::hostile::{Hostile, hostile_server, rss_bytes};
 use base64::Engine as _;
 use fake_actions::{Endpoint, FakeActions, FakeConfig, JobSpec};
 use relay::{Request, options, pki, start_proxy, start_tls_terminator};
@@ -227,82 +227,6 @@ async fn a_custom_ca_is_trusted_and_required() {
     );
 }
 
-/// How a hostile server answers every request.
-#[derive(Clone, Copy)]
-enum Hostile {
-    /// 200 with a chunked body of JSON whitespace that never ends.
-    Endless,
-    /// 200 claiming a 3 GiB body (a tenant's registration-token answer in
-    /// the review that found this).
-    Huge,
-    /// 500 with a body that never ends.
-    EndlessError,
-    /// 200, then the body one byte every 100 ms.
-    Dribble,
-}
-
-/// A server that answers as `how`, and the number of bytes it managed to
-/// send in all.
-async fn hostile_server(how: Hostile) -> (std::net::SocketAddr, Arc<AtomicU64>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let sent = Arc::new(AtomicU64::new(0));
-    let count = sent.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut stream, _)) = listener.accept().await else {
-                return;
-            };
-            let count = count.clone();
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") {
-                    if stream.read(&mut byte).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    head.push(byte[0]);
-                }
-                let status = match how {
-                    Hostile::EndlessError => "500 Internal Server Error",
-                    _ => "200 OK",
-                };
-                let framing = match how {
-                    Hostile::Huge => "content-length: 3221225472",
-                    _ => "transfer-encoding: chunked",
-                };
-                let head = format!(
-                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{framing}\r\n\r\n"
-                );
-                if stream.write_all(head.as_bytes()).await.is_err() {
-                    return;
-                }
-                let chunk = match how {
-                    Hostile::Dribble => b"1\r\n \r\n".to_vec(),
-                    Hostile::Huge => vec![b' '; 64 * 1024],
-                    _ => {
-                        let mut chunk = format!("{:x}\r\n", 64 * 1024).into_bytes();
-                        chunk.extend(std::iter::repeat_n(b' ', 64 * 1024));
-                        chunk.extend(b"\r\n");
-                        chunk
-                    }
-                };
-                loop {
-                    if stream.write_all(&chunk).await.is_err() {
-                        return;
-                    }
-                    count.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                    if matches!(how, Hostile::Dribble) {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
-            });
-        }
-    });
-    (addr, sent)
-}
-
 /// A client of the organisation `hostile` on `addr` (a GitHub Enterprise
 /// Server URL, so its first call, the registration token, goes there).
 fn client_of(addr: std::net::SocketAddr, options: ClientOptions) -> ActionsClient {
@@ -312,17 +236,6 @@ fn client_of(addr: std::net::SocketAddr, options: ClientOptions) -> ActionsClien
         options,
     )
     .unwrap()
-}
-
-/// This process's resident set, from `/proc/self/status`.
-fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kib * 1024
 }
 
 #[tokio::test]

@@ -19,6 +19,7 @@ use arcwright::credentials::ActionsClients;
 use arcwright::runtime::leader::Election;
 use arcwright::runtime::options::RunOptions;
 use arcwright::runtime::{Runtime, RuntimeError, Shared, wiring};
+use arcwright_harness::hostile::{Hostile, hostile_server, rss_bytes};
 use arcwright_harness::{TestEnv, eventually_explained};
 use clap::Parser;
 use fake_actions::{Endpoint, FakeActions, FakeConfig, JobSpec, Ledger};
@@ -967,6 +968,51 @@ async fn two_sets_of_one_name_never_share_a_scale_set() {
     assert_ne!(set.status.unwrap().runner_scale_set_id, Some(held));
     world.listening().await;
     world.run_jobs(1, Duration::from_millis(200)).await;
+    world.settled_at(0).await;
+    assert_nothing_leaked(&world.ledger(), 0);
+}
+
+#[tokio::test]
+async fn a_hostile_service_url_neither_fills_the_hosts_memory_nor_stops_other_sets() {
+    let world = World::new("scale-set-hostile").await;
+    world.ready().await;
+    let before = rss_bytes();
+    let hostile: AutoscalingRunnerSet = serde_json::from_value(json!({
+        "apiVersion": "arcwright.dev/v1alpha1",
+        "kind": "AutoscalingRunnerSet",
+        "metadata": {"name": "hostile"},
+        "spec": {
+            "githubConfigUrl": format!("http://{}/tenant", hostile_server(Hostile::Endless).await.0),
+            "githubConfigSecret": "github-auth",
+            "minRunners": 1,
+            "maxRunners": 2,
+            "template": {"spec": {"containers": [{"name": "runner", "image": "runner:1"}]}},
+        },
+    }))
+    .unwrap();
+    world
+        .sets()
+        .create(&PostParams::default(), &hostile)
+        .await
+        .unwrap();
+    world.create_set(0, 2).await;
+    world.listening().await;
+    // Jobs run on the other set while the hostile one's calls are cut off
+    // at their size limit and retried.
+    world.run_jobs(3, Duration::from_millis(200)).await;
+    world.run_jobs(3, Duration::from_millis(200)).await;
+    let hostile = world.sets().get("hostile").await.unwrap();
+    assert_eq!(
+        hostile.status.and_then(|s| s.runner_scale_set_id),
+        None,
+        "nothing registered there"
+    );
+    let grown = rss_bytes().saturating_sub(before);
+    assert!(
+        grown < 256 * 1024 * 1024,
+        "the resident set grew by {} MiB",
+        grown / (1024 * 1024)
+    );
     world.settled_at(0).await;
     assert_nothing_leaked(&world.ledger(), 0);
 }

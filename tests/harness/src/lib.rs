@@ -21,6 +21,7 @@ pub mod certs;
 pub mod control_plane;
 mod env;
 mod eventually;
+pub mod hostile;
 pub mod process;
 mod relay;
 
