@@ -121,6 +121,12 @@ pub struct FakeConfig {
     pub max_batch: usize,
     /// Runner groups besides `Default` (id 1), given ids 2, 3, ... in order.
     pub extra_runner_groups: Vec<String>,
+    /// How long a message session may go without a poll before the service
+    /// expires it, so that a new session for its scale set can be created.
+    /// A listener that died (or whose session-creation answer was lost)
+    /// leaves its session behind; the real service expires it after
+    /// minutes of silence, and until then every new session conflicts.
+    pub session_idle_expiry: Duration,
 }
 
 impl Default for FakeConfig {
@@ -144,6 +150,7 @@ impl Default for FakeConfig {
             assignment_timeout: Duration::from_secs(60),
             max_batch: 50,
             extra_runner_groups: Vec::new(),
+            session_idle_expiry: Duration::from_secs(120),
         }
     }
 }
@@ -160,6 +167,7 @@ impl std::fmt::Debug for FakeConfig {
             .field("vanished_jobs", &self.vanished_jobs)
             .field("assignment_timeout", &self.assignment_timeout)
             .field("max_batch", &self.max_batch)
+            .field("session_idle_expiry", &self.session_idle_expiry)
             .finish_non_exhaustive()
     }
 }
@@ -227,6 +235,7 @@ impl FakeActions {
                 assignment_timeout: config.assignment_timeout,
             },
             pat: config.pat.clone(),
+            session_idle_expiry: config.session_idle_expiry,
         });
         let settings = server::Settings {
             long_poll: config.long_poll,

@@ -186,6 +186,19 @@ pub enum FaultKind {
     /// Close the connection without any response, as a dropped TCP
     /// connection or a crashed proxy would.
     Reset,
+    /// Do the work, then send the status, the headers and the first half of
+    /// the body (with the whole body's `Content-Length`) and close the
+    /// connection: an answer cut off by a proxy or a dying load balancer.
+    /// Unlike the faults above, the call's effect is committed, so a
+    /// client that gives up on it must find what it did later (a runner
+    /// registered whose id it never read).
+    Truncate,
+    /// Do the work, then wait this long before answering: slower than the
+    /// client's timeout, the effect is committed and the answer lost.
+    LateAnswer {
+        /// The wait in milliseconds.
+        millis: u64,
+    },
 }
 
 impl FaultKind {
@@ -208,6 +221,13 @@ impl FaultKind {
     /// A delay before normal handling.
     pub fn delay(delay: Duration) -> Self {
         FaultKind::Delay {
+            millis: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Normal handling, answered after `delay`.
+    pub fn late_answer(delay: Duration) -> Self {
+        FaultKind::LateAnswer {
             millis: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
         }
     }

@@ -166,8 +166,11 @@ fn handler(endpoint: Endpoint) -> axum::routing::MethodRouter<Arc<Shared>> {
     }
 }
 
-/// Counts every call by endpoint and applies an armed fault before the
-/// handler runs, so a faulted call has no effect on the state.
+/// Counts every call by endpoint and applies an armed fault: before the
+/// handler runs, so the faulted call has no effect on the state (a status,
+/// a delay, a reset), or after it, so the effect is committed and only the
+/// answer is spoilt (a truncated body, an answer later than the client
+/// waits).
 async fn gate(Ext(shared): Shr, matched: MatchedPath, req: Request, next: Next) -> Response {
     let Some(endpoint) = Endpoint::from_route(req.method(), matched.as_str()) else {
         return next.run(req).await;
@@ -191,9 +194,42 @@ async fn gate(Ext(shared): Shr, matched: MatchedPath, req: Request, next: Next) 
         }
         .into_response(),
         Some(FaultKind::Reset) => ServiceError::Reset.into_response(),
+        Some(FaultKind::Truncate) => truncated(next.run(req).await).await,
+        Some(FaultKind::LateAnswer { millis }) => {
+            let response = next.run(req).await;
+            tokio::time::sleep(Duration::from_millis(millis)).await;
+            response
+        }
     };
     tracing::debug!(%endpoint, status = response.status().as_u16(), "answered");
     response
+}
+
+/// `response` with its whole body's `Content-Length` but only its first
+/// half sent: the body stream then fails, and hyper closes the connection
+/// mid-body, as a cut-off answer looks on the wire.
+async fn truncated(response: Response) -> Response {
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return ServiceError::Reset.into_response();
+    };
+    parts.headers.insert(
+        http::header::CONTENT_LENGTH,
+        http::HeaderValue::from(bytes.len()),
+    );
+    let half = bytes.slice(..bytes.len() / 2);
+    // The failure comes a moment after the first half, so that the status,
+    // the headers and the half are usually on the wire before the
+    // connection closes (hyper may still close it first).
+    let first = futures::stream::once(async move { Ok::<Bytes, std::io::Error>(half) });
+    let failure = futures::stream::once(async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Err(std::io::Error::other("injected truncation"))
+    });
+    Response::from_parts(
+        parts,
+        Body::from_stream(futures::StreamExt::chain(first, failure)),
+    )
 }
 
 /// Prefixes JSON bodies of the Actions service and the message queue with a

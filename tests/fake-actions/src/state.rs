@@ -94,6 +94,9 @@ pub(crate) struct StateSettings {
     /// The personal access token the GitHub API accepts; rotated by
     /// [`State::rotate_pat`].
     pub pat: String,
+    /// How long a session may go unpolled before a new one for its scale
+    /// set replaces it.
+    pub session_idle_expiry: Duration,
 }
 
 /// A runner group; id 1 is the default group.
@@ -157,6 +160,8 @@ struct Session {
     scale_set: u64,
     owner: String,
     queue_token: String,
+    /// When its listener last asked for a message (or created it).
+    last_polled: Timestamp,
 }
 
 #[derive(Debug)]
@@ -1338,9 +1343,30 @@ impl State {
         scale_set: u64,
         owner: &str,
     ) -> Result<Value, ServiceError> {
+        self.create_session_at(tenant, scale_set, owner, Timestamp::now())
+    }
+
+    /// [`State::create_session`] at `now`: a session of the set that has
+    /// not been polled for [`StateSettings::session_idle_expiry`] is
+    /// expired first, as the service expires a dead listener's; a live one
+    /// conflicts.
+    fn create_session_at(
+        &mut self,
+        tenant: u32,
+        scale_set: u64,
+        owner: &str,
+        now: Timestamp,
+    ) -> Result<Value, ServiceError> {
         let set = self.scale_set(tenant, scale_set)?;
-        if set.session.is_some() {
-            return Err(ServiceError::SessionConflict { id: scale_set });
+        if let Some(old) = set.session.clone() {
+            let idle = self
+                .sessions
+                .get(&old)
+                .map(|s| now.duration_since(s.last_polled).unsigned_abs());
+            if idle.is_some_and(|idle| idle < self.settings.session_idle_expiry) {
+                return Err(ServiceError::SessionConflict { id: scale_set });
+            }
+            self.end_session(&old, true);
         }
         let id = random_uuid();
         let queue_token = random_token("");
@@ -1353,6 +1379,7 @@ impl State {
                 scale_set,
                 owner: owner.to_owned(),
                 queue_token,
+                last_polled: now,
             },
         );
         if let Some(set) = self.scale_sets.get_mut(&scale_set) {
@@ -1515,6 +1542,14 @@ impl State {
     /// `last_id` (so unacknowledged messages are delivered again), else a new
     /// message batching up to `max_batch` pending job messages, else `None`.
     pub(crate) fn next_message(&mut self, scale_set: u64, last_id: u64) -> Option<Value> {
+        let polled = self
+            .scale_sets
+            .get(&scale_set)
+            .and_then(|set| set.session.as_ref())
+            .and_then(|id| self.sessions.get_mut(id));
+        if let Some(session) = polled {
+            session.last_polled = Timestamp::now();
+        }
         let max_batch = self.settings.max_batch.max(1);
         let redelivery = {
             let set = self.scale_sets.get(&scale_set)?;
@@ -1584,6 +1619,7 @@ mod tests {
                 assignment_timeout: TIMEOUT,
             },
             pat: "ghp_test".into(),
+            session_idle_expiry: Duration::from_secs(120),
         })
     }
 
@@ -2100,6 +2136,35 @@ mod tests {
             Err(ServiceError::SessionExpired(id.clone()))
         );
         s.create_session(tenant, set, "b").unwrap();
+    }
+
+    #[test]
+    fn a_session_nobody_polls_expires_and_a_polled_one_does_not() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (tenant, set) = with_scale_set(&mut s, &[]);
+        let idle = Duration::from_secs(120);
+        let later = |by: Duration| Timestamp::now().checked_add(by).unwrap();
+        let first = s.create_session(tenant, set, "dead").unwrap();
+        assert_eq!(
+            s.create_session_at(tenant, set, "b", later(idle / 2)),
+            Err(ServiceError::SessionConflict { id: set })
+        );
+        let second = s
+            .create_session_at(tenant, set, "b", later(idle + Duration::from_secs(1)))
+            .unwrap();
+        assert_ne!(first["sessionId"], second["sessionId"]);
+        let dead = first["messageQueueAccessToken"].as_str().unwrap();
+        assert_eq!(
+            s.check_queue_token(dead),
+            Err(ServiceError::InvalidCredentials)
+        );
+
+        // A poll keeps a session alive: measured from the poll, it is young.
+        s.next_message(set, 0);
+        assert_eq!(
+            s.create_session_at(tenant, set, "c", later(idle / 2)),
+            Err(ServiceError::SessionConflict { id: set })
+        );
     }
 
     #[test]

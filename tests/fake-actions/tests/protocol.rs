@@ -850,12 +850,56 @@ async fn injected_faults_hit_the_next_calls_and_are_counted() {
     assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(control.ledger().runners_created, 0);
 
+    // A truncated answer and a late one spoil only the answer: the runner
+    // is registered although the client never reads its id.
+    let jit = admin.url(&format!("runtime/runnerscalesets/{set}/generatejitconfig"));
+    control.inject(Fault::new(
+        Endpoint::GenerateJitConfig,
+        FaultKind::Truncate,
+        1,
+    ));
+    // The headers may or may not have left before the connection closes;
+    // what never arrives is the whole answer.
+    let cut = http
+        .post(&jit)
+        .header("Authorization", admin.bearer())
+        .json(&json!({"name": "cut"}))
+        .send()
+        .await;
+    if let Ok(answer) = cut {
+        assert_eq!(answer.status(), StatusCode::OK);
+        let body = answer.bytes().await;
+        assert!(body.is_err(), "the body is cut short: {body:?}");
+    }
+    assert_eq!(control.ledger().runners_created, 1);
+
+    control.inject(Fault::new(
+        Endpoint::GenerateJitConfig,
+        FaultKind::late_answer(Duration::from_secs(20)),
+        1,
+    ));
+    let late = http
+        .post(&jit)
+        .header("Authorization", admin.bearer())
+        .json(&json!({"name": "late"}))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await;
+    assert!(
+        late.is_err_and(|e| e.is_timeout()),
+        "the answer comes too late"
+    );
+    control
+        .wait_until(Duration::from_secs(30), |s| s.ledger.runners_created == 2)
+        .await
+        .expect("the late call registered its runner");
+
     let counters = control.counters();
     assert_eq!(counters.calls(Endpoint::GetRunnerGroupByName), 7);
     assert_eq!(counters.faults(Endpoint::GetRunnerGroupByName), 5);
     assert_eq!(counters.calls(Endpoint::RunnerRegistration), 1);
-    assert_eq!(counters.calls(Endpoint::GenerateJitConfig), 1);
-    assert_eq!(counters.faults(Endpoint::GenerateJitConfig), 1);
+    assert_eq!(counters.calls(Endpoint::GenerateJitConfig), 3);
+    assert_eq!(counters.faults(Endpoint::GenerateJitConfig), 3);
 }
 
 #[tokio::test]

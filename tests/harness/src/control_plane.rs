@@ -48,6 +48,10 @@ pub struct ControlPlane {
     server: String,
     pids: Vec<u32>,
     started_in: Duration,
+    /// How the API server was started, so that it can be started again on
+    /// the same port over the same etcd.
+    apiserver_command: (PathBuf, Vec<String>),
+    apiserver_starts: AtomicU32,
 }
 
 impl ControlPlane {
@@ -177,10 +181,11 @@ impl ControlPlane {
         .into_iter()
         .chain(extra.iter().cloned())
         .collect::<Vec<_>>();
+        let apiserver_command = (bin.join("kube-apiserver"), api_args);
         let apiserver = Supervised::start(
             "kube-apiserver",
-            &bin.join("kube-apiserver"),
-            &api_args,
+            &apiserver_command.0,
+            &apiserver_command.1,
             dir.join("kube-apiserver.log"),
         )?;
         plane.processes.insert(0, apiserver);
@@ -235,7 +240,75 @@ current-context: arcwright-test
             server,
             pids,
             started_in: started.elapsed(),
+            apiserver_command,
+            apiserver_starts: AtomicU32::new(1),
         })
+    }
+
+    /// Stops the API server (SIGTERM, as a rolling restart does) and leaves
+    /// etcd running: clients see connections refused until
+    /// [`ControlPlane::start_apiserver`]. Watches end, and what a client
+    /// resumes from afterwards is the same etcd's history.
+    pub fn stop_apiserver(&self) {
+        let mut processes = self
+            .processes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(apiserver) = processes.first_mut() {
+            apiserver.stop(Duration::from_secs(10));
+        }
+    }
+
+    /// Starts the API server again, on the same port with the same flags
+    /// and storage (a log file of its own per start), and waits for
+    /// `/readyz`. [`ControlPlane::pids`] keeps naming the first start's.
+    pub async fn start_apiserver(&self) -> Result<(), HarnessError> {
+        let n = self.apiserver_starts.fetch_add(1, Ordering::Relaxed);
+        let (program, args) = &self.apiserver_command;
+        let fresh = Supervised::start(
+            "kube-apiserver",
+            program,
+            args,
+            self.dir.join(format!("kube-apiserver.{n}.log")),
+        )?;
+        {
+            let mut processes = self
+                .processes
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            match processes.first_mut() {
+                Some(old) => *old = fresh,
+                None => return Err(HarnessError::Start("the control plane is shut down".into())),
+            }
+        }
+        let client = self.client();
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let exited = {
+                let mut processes = self
+                    .processes
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                processes.first_mut().map(|p| p.ensure_running())
+            };
+            if let Some(Err(error)) = exited {
+                return Err(error);
+            }
+            let request = http::Request::get("/readyz")
+                .body(Vec::new())
+                .expect("a static request is valid");
+            let answer =
+                tokio::time::timeout(Duration::from_secs(5), client.request_text(request)).await;
+            if matches!(&answer, Ok(Ok(body)) if body.trim() == "ok") {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(HarnessError::Start(format!(
+                    "kube-apiserver was not ready again in time: {answer:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// A new client with admin rights. Each test should take its own: a

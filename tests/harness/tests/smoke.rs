@@ -231,6 +231,29 @@ async fn stopping_a_control_plane_leaves_no_process_or_data() {
     assert!(!dir.exists(), "data directory is removed");
 }
 
+/// A restarted API server serves the same etcd on the same address: what
+/// was written before is there, and the same client reaches it.
+#[tokio::test]
+async fn a_restarted_apiserver_serves_the_same_storage() {
+    let plane = ControlPlane::start().await.expect("start");
+    let client = plane.client();
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client, "default");
+    let map = serde_json::from_value(json!({
+        "metadata": {"name": "kept"}, "data": {"k": "v"}
+    }))
+    .unwrap();
+    maps.create(&PostParams::default(), &map).await.unwrap();
+
+    plane.stop_apiserver();
+    assert!(
+        maps.get("kept").await.is_err(),
+        "nothing answers while it is down"
+    );
+    plane.start_apiserver().await.expect("start again");
+    let kept = maps.get("kept").await.unwrap();
+    assert_eq!(kept.data.unwrap()["k"], "v");
+}
+
 #[test]
 fn a_panicking_test_still_stops_its_control_plane() {
     let (tx, rx) = std::sync::mpsc::channel();

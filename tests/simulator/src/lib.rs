@@ -371,7 +371,10 @@ async fn watch_pods(inner: Arc<Inner>, namespace: Option<String>, shutdown: Canc
         Some(ns) => Api::namespaced(inner.client.clone(), ns),
         None => Api::all(inner.client.clone()),
     };
-    let stream = watcher::watcher(api, watcher::Config::default());
+    // The server ends a quiet watch after 20 s, below a client's read
+    // timeout, so a watch that hangs on an API server starting again is
+    // the only kind that times out, and it is retried.
+    let stream = watcher::watcher(api, watcher::Config::default().timeout(20));
     let mut stream = std::pin::pin!(stream);
     let mut tracked: HashMap<String, Tracked> = HashMap::new();
     // Pods listed since the watch restarted: a pod deleted while the watch
@@ -456,6 +459,40 @@ async fn pause(delay: Duration, terminating: &CancellationToken) -> bool {
 const CRASH_AFTER: Duration = Duration::from_millis(200);
 /// How long to wait before retrying a transient failure.
 const RETRY_AFTER: Duration = Duration::from_millis(200);
+/// How long an API server call is retried while the server cannot be
+/// reached or answers 5xx or 429, before the pod's simulation fails.
+const API_RETRY_FOR: Duration = Duration::from_secs(300);
+
+/// Runs an API server call until it is answered, as a kubelet does: while
+/// the server cannot be reached (restarted, partitioned) or answers 5xx or
+/// 429, the call is tried again, for up to [`API_RETRY_FOR`]. Without it a
+/// pod whose status write met an API server restart stopped being played,
+/// and its runner never started.
+async fn answered<T, F, Fut>(mut call: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, kube::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + API_RETRY_FOR;
+    loop {
+        match call().await {
+            Err(error) if unanswered(&error) && tokio::time::Instant::now() < deadline => {
+                tracing::debug!(%error, "retrying an API server call");
+                tokio::time::sleep(RETRY_AFTER).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Whether `error` says the server did not really answer the call.
+fn unanswered(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => status.code >= 500 || status.code == 429,
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_) => true,
+        _ => false,
+    }
+}
 
 /// One runner pod's life, from binding to confirmed deletion.
 struct PodTask {
@@ -783,8 +820,7 @@ impl PodTask {
         );
         let mut reported = false;
         loop {
-            let found = secrets
-                .get_opt(name)
+            let found = answered(|| secrets.get_opt(name))
                 .await
                 .map_err(kube_error(format!("read Secret {name}")))?;
             if let Some(value) = found
@@ -818,24 +854,20 @@ impl PodTask {
             "metadata": {"name": self.name},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         });
-        self.pods
-            .create_subresource::<_, serde_json::Value>(
-                "binding",
-                &self.name,
-                &PostParams::default(),
-                &binding,
+        let params = PostParams::default();
+        answered(|| {
+            self.pods.create_subresource::<_, serde_json::Value>(
+                "binding", &self.name, &params, &binding,
             )
-            .await
-            .map(drop)
-            .map_err(kube_error(format!("bind pod {} to {node}", self.name)))
+        })
+        .await
+        .map(drop)
+        .map_err(kube_error(format!("bind pod {} to {node}", self.name)))
     }
 
     async fn patch_status(&self, status: serde_json::Value) -> Result<(), SimulatorError> {
-        match self
-            .pods
-            .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(status))
-            .await
-        {
+        let (params, patch) = (PatchParams::default(), Patch::Merge(status));
+        match answered(|| self.pods.patch_status(&self.name, &params, &patch)).await {
             Ok(_) => Ok(()),
             // Deleted under us: nothing left to report on.
             Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
@@ -871,7 +903,7 @@ impl PodTask {
             }),
             ..DeleteParams::default()
         };
-        match self.pods.delete(&self.name, &params).await {
+        match answered(|| self.pods.delete(&self.name, &params)).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
             Err(source) => {
