@@ -18,3 +18,4 @@ pub mod runtime;
 pub mod slack;
 pub mod telemetry;
 pub mod unregistration;
+pub mod watch;

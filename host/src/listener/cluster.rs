@@ -16,7 +16,9 @@
 //! set, the job fields of a runner's status, `status.listener` and
 //! `status.scaling` of the scale set.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use jiff::Timestamp;
@@ -80,18 +82,18 @@ impl ClusterView {
                 let sets_listed = drive(
                     watcher(
                         api::<EphemeralRunnerSet>(client, namespace),
-                        watcher::Config::default(),
+                        crate::watch::config(),
                     )
-                    .default_backoff()
+                    .backoff(crate::watch::WatchBackoff::default())
                     .reflect(sets_writer),
                     shutdown,
                 );
                 let runners_listed = drive(
                     watcher(
                         api::<EphemeralRunner>(client, namespace),
-                        watcher::Config::default().labels(SET),
+                        crate::watch::config().labels(SET),
                     )
-                    .default_backoff()
+                    .backoff(crate::watch::WatchBackoff::default())
                     .reflect(runners_writer),
                     shutdown,
                 );
@@ -284,6 +286,55 @@ pub struct RunnerJobs {
     namespace: String,
     record_successes: bool,
     view: Option<ClusterView>,
+    unsent: Arc<Unsent>,
+}
+
+/// Job records the API server did not take because it could not be
+/// reached (or answered 5xx, 429 or not at all), kept to be written again.
+///
+/// Lost, a record costs more than its own field: the end of a job whose
+/// runner still ran is what lets the EphemeralRunnerSet replace that
+/// runner at once for a waiting job, so after a 30 s API server outage a
+/// lost one left the job waiting out the renewal window (a minute), and
+/// the service cancelled it meanwhile (found by the fault matrix). A
+/// record refused for good (4xx) is still only logged: retrying a poison
+/// record would change nothing.
+///
+/// One record per runner, the later fields over the earlier (they are
+/// status fields, and a later record of the same runner supersedes what
+/// it repeats), written under one lock with the listener's own writes, so
+/// an older record never lands after a newer one. The listener's writes
+/// wait behind a retry only while the API server is failing anyway.
+#[derive(Default)]
+struct Unsent {
+    records: tokio::sync::Mutex<BTreeMap<String, (serde_json::Value, Instant)>>,
+    retrying: std::sync::atomic::AtomicBool,
+}
+
+/// How long an unsent record is tried again before it is dropped with a
+/// warning: past it, the runner has long been renewed or deleted.
+const UNSENT_FOR: Duration = Duration::from_secs(600);
+/// The wait between two rounds of retries.
+const UNSENT_RETRY: Duration = Duration::from_secs(1);
+
+/// Whether the API server did not really answer (the call may succeed as
+/// it is later).
+fn unanswered(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => status.code >= 500 || status.code == 429,
+        _ => true,
+    }
+}
+
+/// `later`'s fields over `earlier`'s.
+fn merged(mut earlier: serde_json::Value, later: serde_json::Value) -> serde_json::Value {
+    match (earlier.as_object_mut(), later) {
+        (Some(fields), serde_json::Value::Object(newer)) => {
+            fields.extend(newer);
+            earlier
+        }
+        (_, later) => later,
+    }
 }
 
 impl RunnerJobs {
@@ -295,6 +346,7 @@ impl RunnerJobs {
             namespace: namespace.to_owned(),
             record_successes: false,
             view: None,
+            unsent: Arc::default(),
         }
     }
 
@@ -367,23 +419,81 @@ impl RunnerJobs {
     }
 
     async fn record(&self, runner: &str, status: serde_json::Value) -> Result<(), ListenerError> {
-        match self
-            .api
-            .patch_status(
-                runner,
-                &PatchParams::apply(FIELD_MANAGER),
-                &Patch::Merge(json!({ "status": status })),
-            )
-            .await
-        {
-            Ok(_) => Ok(()),
-            // The runner finished and went before the message arrived.
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        let mut unsent = self.unsent.records.lock().await;
+        let (status, since) = match unsent.remove(runner) {
+            Some((earlier, since)) => (merged(earlier, status), since),
+            None => (status, Instant::now()),
+        };
+        match write_record(&self.api, runner, &status).await {
+            Ok(()) => Ok(()),
+            Err(error) if unanswered(&error) => {
+                unsent.insert(runner.to_owned(), (status, since));
+                drop(unsent);
+                self.retry_unsent();
+                Err(ListenerError::JobRecord {
+                    runner: runner.to_owned(),
+                    message: format!("{error}; written again once the API server answers"),
+                })
+            }
             Err(error) => Err(ListenerError::JobRecord {
                 runner: runner.to_owned(),
                 message: error.to_string(),
             }),
         }
+    }
+
+    /// Starts the retries of the unsent records unless they run already;
+    /// they end when none is left.
+    fn retry_unsent(&self) {
+        use std::sync::atomic::Ordering;
+        if self.unsent.retrying.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (unsent, api) = (Arc::clone(&self.unsent), self.api.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(UNSENT_RETRY).await;
+                let mut records = unsent.records.lock().await;
+                for (runner, (status, since)) in std::mem::take(&mut *records) {
+                    match write_record(&api, &runner, &status).await {
+                        Ok(()) => tracing::debug!(runner, "job record written on a retry"),
+                        Err(error) if unanswered(&error) && since.elapsed() < UNSENT_FOR => {
+                            records.insert(runner, (status, since));
+                        }
+                        Err(error) => {
+                            tracing::warn!(runner, %error, "job record dropped after retries");
+                        }
+                    }
+                }
+                if records.is_empty() {
+                    // Cleared under the lock: a record failing after this
+                    // starts the retries again.
+                    unsent.retrying.store(false, Ordering::SeqCst);
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// Writes job fields on a runner's status; a runner gone already (it
+/// finished before the message arrived) is not an error.
+async fn write_record(
+    api: &Api<EphemeralRunner>,
+    runner: &str,
+    status: &serde_json::Value,
+) -> Result<(), kube::Error> {
+    match api
+        .patch_status(
+            runner,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(error) => Err(error),
     }
 }
 

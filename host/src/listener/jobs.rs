@@ -64,10 +64,12 @@ pub struct JobCompleted {
 
 /// Where a listener records jobs on their runners.
 ///
-/// A record that fails is logged and not retried: the message carrying it
+/// A record that fails does not hold up the queue: the message carrying it
 /// is already acknowledged (ARC's order, so a poison record cannot block the
 /// queue), and a busy runner stays protected by the Actions service, which
-/// refuses to remove a runner whose job is running.
+/// refuses to remove a runner whose job is running. The production sink
+/// writes a record the API server did not answer again in the background
+/// (see `RunnerJobs`); one it refused is logged and left.
 pub trait JobSink: Send + Sync + 'static {
     /// Records that a runner started a job. A runner that no longer exists
     /// is not an error.

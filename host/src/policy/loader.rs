@@ -555,8 +555,10 @@ async fn watch_configmap(api: Api<ConfigMap>, name: String, hub: Arc<Mutex<Hub>>
             .unwrap_or_else(|e| e.into_inner())
             .publish(version);
     };
-    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut events = watcher(api, config).default_backoff().boxed();
+    let config = crate::watch::config().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(api, config)
+        .backoff(crate::watch::WatchBackoff::default())
+        .boxed();
     let mut listed = false;
     while let Some(event) = events.next().await {
         match event {

@@ -373,6 +373,8 @@ impl Shared {
         let actions = ClientOptions {
             metrics: metrics.register(ActionsMetrics::register),
             allow_plain_http: options.actions.allow_plain_http,
+            timeout: options.actions.actions_call_timeout,
+            message_timeout: options.actions.actions_message_timeout,
             ..ClientOptions::default()
         };
         let defaults = read_default_policies(options.policies.default_policies.as_deref())?;
@@ -418,7 +420,7 @@ pub async fn client(source: &KubeSource) -> Result<Client, RuntimeError> {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
-    let config = match source {
+    let mut config = match source {
         KubeSource::Infer => kube::Config::infer().await.map_err(RuntimeError::Infer)?,
         KubeSource::InCluster => kube::Config::incluster().map_err(RuntimeError::InCluster)?,
         KubeSource::File(path) => {
@@ -432,6 +434,7 @@ pub async fn client(source: &KubeSource) -> Result<Client, RuntimeError> {
                 .map_err(kubeconfig_error)?
         }
     };
+    config.read_timeout = Some(crate::watch::READ_TIMEOUT);
     Client::try_from(config).map_err(RuntimeError::Client)
 }
 
@@ -801,6 +804,8 @@ mod tests {
             },
             actions: ActionsOptions {
                 allow_plain_http: false,
+                actions_call_timeout: Duration::from_secs(30),
+                actions_message_timeout: Duration::from_secs(90),
             },
             shutdown: ShutdownOptions {
                 shutdown_timeout: Duration::from_secs(10),

@@ -309,6 +309,29 @@ pub struct ActionsOptions {
     /// against a local fake.
     #[arg(long, env = "ARCWRIGHT_ALLOW_PLAIN_HTTP")]
     pub allow_plain_http: bool,
+    /// The limit on each attempt of every Actions call but the message long
+    /// poll. A call that outlives it is retried like a refused one; a
+    /// service answering slower than this for every attempt leaves its
+    /// scale set backing off alone, while the others run.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_ACTIONS_CALL_TIMEOUT",
+        value_name = "DURATION",
+        default_value = "30s",
+        value_parser = parse_positive_duration
+    )]
+    pub actions_call_timeout: Duration,
+    /// The limit on each message long poll. The service holds a poll about
+    /// 50 s before answering that nothing came, so below a minute every
+    /// quiet poll would end as a timeout.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_ACTIONS_MESSAGE_TIMEOUT",
+        value_name = "DURATION",
+        default_value = "90s",
+        value_parser = parse_positive_duration
+    )]
+    pub actions_message_timeout: Duration,
 }
 
 /// How much work runs at once.
@@ -488,6 +511,16 @@ mod tests {
             actions,
         } = parse(&[]).unwrap();
         assert!(!actions.allow_plain_http, "tokens go over https only");
+        assert_eq!(
+            (
+                actions.actions_call_timeout,
+                actions.actions_message_timeout
+            ),
+            (
+                crate::actions::ClientOptions::default().timeout,
+                crate::actions::ClientOptions::default().message_timeout
+            )
+        );
         assert_eq!(policies.default_policies, None);
         assert_eq!(debug.slack_api_url.as_str(), crate::slack::DEFAULT_API_URL);
         assert_eq!(debug.slack_signing_secret_file, None);

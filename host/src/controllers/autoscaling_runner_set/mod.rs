@@ -260,7 +260,8 @@ pub async fn run<L: ListenerControl, S: ActionsClientSource>(
     };
     let metrics = context.metrics.clone();
     let owned = watch::filtered(
-        watcher::watcher(runner_sets, watcher::Config::default()),
+        watcher::watcher(runner_sets, crate::watch::config())
+            .backoff(crate::watch::WatchBackoff::default()),
         move |delivered| metrics.owned_update(CONTROLLER, delivered),
     );
     let (reader, writer) = reflector::store();
@@ -270,8 +271,8 @@ pub async fn run<L: ListenerControl, S: ActionsClientSource>(
         .unwrap_or_else(|p| p.into_inner())
         .push(reader.clone());
     let (events, listed) = synced.on_listed(
-        watcher::watcher(sets, watcher::Config::default())
-            .default_backoff()
+        watcher::watcher(sets, crate::watch::config())
+            .backoff(crate::watch::WatchBackoff::default())
             .reflect(writer),
     );
     let controller = Controller::for_stream(events.applied_objects(), reader)

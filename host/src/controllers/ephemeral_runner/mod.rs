@@ -353,7 +353,7 @@ pub async fn run(
             ),
         };
     let owned =
-        watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY, labels::ARCWRIGHT));
+        crate::watch::config().labels(&format!("{}={}", labels::MANAGED_BY, labels::ARCWRIGHT));
     let (pod_cache, pod_writer) = reflector::store();
     let (secret_cache, secret_writer) = reflector::store();
     let ctx = Arc::new(Context {
@@ -379,8 +379,8 @@ pub async fn run(
     });
     let (reader, writer) = reflector::store();
     let (events, listed) = synced.on_listed(
-        watcher::watcher(runners, watcher::Config::default())
-            .default_backoff()
+        watcher::watcher(runners, crate::watch::config())
+            .backoff(crate::watch::WatchBackoff::default())
             .reflect(writer),
     );
     // A runner pod's status moves with every probe and pull; the runner is
@@ -388,14 +388,14 @@ pub async fn run(
     let metrics = ctx.deps.metrics.clone();
     let pods = crate::controllers::kit::projection::filtered(
         watcher::watcher(pods, owned.clone())
-            .default_backoff()
+            .backoff(crate::watch::WatchBackoff::default())
             .modify(resources::slim_pod)
             .reflect(pod_writer),
         observe::pod_view,
         move |delivered| metrics.owned_update(CONTROLLER, delivered),
     );
     let secrets = watcher::watcher(secrets, owned)
-        .default_backoff()
+        .backoff(crate::watch::WatchBackoff::default())
         .modify(resources::redact_jit_secret)
         .reflect(secret_writer)
         .touched_objects();

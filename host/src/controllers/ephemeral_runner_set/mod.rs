@@ -153,6 +153,7 @@ async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Ac
     }
     let observed = observe::observe(&set, &ctx).await?;
     let plan = plan::plan(&observed.set, &observed.views);
+    tracing::debug!(set = %set.name_any(), ?plan, "planned");
     let apply = Apply::new(&ctx, &set);
     if plan.add_finalizer {
         apply.add_finalizer().await?;
@@ -325,8 +326,8 @@ pub async fn run(
     let (reader, writer) = reflector::store();
     let on_delete = Arc::clone(&ctx);
     let (events, listed) = synced.on_listed(
-        watcher(sets, watcher::Config::default())
-            .default_backoff()
+        watcher(sets, crate::watch::config())
+            .backoff(crate::watch::WatchBackoff::default())
             .reflect(writer)
             // A set deleted without a pass of ours releasing it (it never
             // got the finalizer) still takes its series with it.
@@ -346,9 +347,9 @@ pub async fn run(
     let owned = owned_triggers(
         watcher(
             runners,
-            watcher::Config::default().labels(labels::EPHEMERAL_RUNNER_SET),
+            crate::watch::config().labels(labels::EPHEMERAL_RUNNER_SET),
         )
-        .default_backoff(),
+        .backoff(crate::watch::WatchBackoff::default()),
         ctx.metrics.clone(),
         ctx.controller_metrics.clone(),
     );
