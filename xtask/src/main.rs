@@ -1,5 +1,5 @@
 //! arcwright's entry points: `cargo xtask demo`, `cargo xtask test`,
-//! `cargo xtask bench` (and `bench scale`), `cargo xtask crds`,
+//! `cargo xtask bench` (and `bench scale`), `cargo xtask faults`, `cargo xtask crds`,
 //! `cargo xtask control-plane`, `cargo xtask setup`.
 //!
 //! These are the commands the README promises. They make sure of what a fresh
@@ -59,6 +59,20 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Runs the fault matrix: the whole stack through a scale set's life
+    /// while an Actions endpoint, the API server or the host itself fails,
+    /// cell by cell, and prints the table; the last line sums it up.
+    ///
+    /// `--quick` runs each cell once (as `cargo xtask test` does); without
+    /// it, three runs per cell and twenty kills per phase. `cargo xtask
+    /// faults --help` lists the other flags (`--filter`, `--parallel`,
+    /// `--seed`, ...).
+    #[command(disable_help_flag = true)]
+    Faults {
+        /// The matrix's flags.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Writes `crds/` from the Rust types in `host/src/api`; with `--check`,
     /// fails when the committed files are stale instead.
     Crds {
@@ -100,6 +114,12 @@ fn run(cli: Cli) -> Result<()> {
                 Profile::Release,
                 args.into_iter().skip(1).collect(),
             )
+        }
+        Task::Faults { args } => {
+            setup()?;
+            // The debug build `cargo xtask test` leaves behind: what is
+            // counted is behaviour, not speed.
+            run_stack_binary("faults", Profile::Tests, args)
         }
         Task::Test { args } => {
             setup()?;

@@ -53,6 +53,10 @@ pub struct Requests {
     /// The same requests by `verb resource[/subresource]`, for telling what
     /// a figure is made of.
     pub by_kind: BTreeMap<String, u64>,
+    /// The same requests by the HTTP status they were answered with (409
+    /// for a conflict, 429 for a request priority and fairness turned
+    /// away); requests without a recorded status are left out.
+    pub by_status: BTreeMap<u16, u64>,
 }
 
 #[derive(Deserialize)]
@@ -65,6 +69,14 @@ struct Event {
     request_received_timestamp: jiff::Timestamp,
     #[serde(default)]
     object_ref: Option<ObjectRef>,
+    #[serde(default)]
+    response_status: Option<ResponseStatus>,
+}
+
+#[derive(Deserialize)]
+struct ResponseStatus {
+    #[serde(default)]
+    code: u16,
 }
 
 #[derive(Deserialize)]
@@ -105,6 +117,9 @@ pub fn count(log: &str, username: &str, from: jiff::Timestamp, to: jiff::Timesta
             None => event.verb.clone(),
         };
         *requests.by_kind.entry(kind).or_default() += 1;
+        if let Some(status) = event.response_status.filter(|s| s.code != 0) {
+            *requests.by_status.entry(status.code).or_default() += 1;
+        }
         if matches!(
             event.verb.as_str(),
             "create" | "update" | "patch" | "delete" | "deletecollection"
@@ -189,6 +204,7 @@ mod tests {
                 "auditID": "h", "verb": "patch", "stage": "ResponseComplete",
                 "user": {"username": host},
                 "objectRef": {"resource": "ephemeralrunners", "subresource": "status"},
+                "responseStatus": {"code": 409},
                 "requestReceivedTimestamp": "2026-01-01T10:00:05.000000Z",
             })
             .to_string(),
@@ -199,6 +215,7 @@ mod tests {
         let to: jiff::Timestamp = "2026-01-01T10:01:00Z".parse().unwrap();
         let counted = count(&log, host, from, to);
         assert_eq!((counted.total, counted.writes), (5, 3));
+        assert_eq!(counted.by_status, BTreeMap::from([(409, 1)]));
         assert_eq!(
             counted.by_kind.into_iter().collect::<Vec<_>>(),
             [

@@ -20,6 +20,7 @@
 pub mod audit;
 pub mod bench;
 pub mod demo;
+pub mod faults;
 mod host;
 pub mod identity;
 pub mod ledger;
@@ -75,6 +76,9 @@ pub struct StackConfig {
     pub binary: Option<PathBuf>,
     /// Extra `arcwright run` flags (e.g. `--log-level warn`).
     pub host_args: Vec<String>,
+    /// Extra API server flags. Any makes the stack start a control plane
+    /// of its own (with an audit log), as `audit` does.
+    pub apiserver_args: Vec<String>,
 }
 
 impl StackConfig {
@@ -87,6 +91,7 @@ impl StackConfig {
             scenario: Scenario::succeed(),
             binary: None,
             host_args: Vec::new(),
+            apiserver_args: Vec::new(),
         }
     }
 }
@@ -174,6 +179,8 @@ pub struct Stack {
     host_args: Vec<String>,
     audit_log: Option<PathBuf>,
     starts: u32,
+    /// How long a wait for a state may take ([`WAIT`] unless changed).
+    bound: Duration,
     plane: Plane,
     dir: tempfile::TempDir,
 }
@@ -189,6 +196,7 @@ impl Stack {
             scenario,
             binary,
             host_args,
+            apiserver_args,
         } = config;
         let binary = match binary {
             Some(binary) => binary,
@@ -198,14 +206,15 @@ impl Stack {
             .prefix("arcwright-stack-")
             .tempdir()
             .context("creating the stack's directory")?;
-        let (plane, audit_log) = if audit {
+        let (plane, audit_log) = if audit || !apiserver_args.is_empty() {
             let policy = dir.path().join("audit-policy.yaml");
             let log = dir.path().join("audit.log");
             audit::write_policy(&policy)?;
-            let plane =
-                ControlPlane::start_with_apiserver_args(audit::apiserver_args(&policy, &log))
-                    .await
-                    .context("starting the control plane")?;
+            let mut args = audit::apiserver_args(&policy, &log);
+            args.extend(apiserver_args);
+            let plane = ControlPlane::start_with_apiserver_args(args)
+                .await
+                .context("starting the control plane")?;
             (Plane::Owned(Box::new(plane)), Some(log))
         } else {
             (
@@ -227,8 +236,15 @@ impl Stack {
             .create(&PostParams::default(), &secret)
             .await
             .context("creating the GitHub Secret")?;
+        // The kubelet's client gives up on an unanswered request after 30 s,
+        // as the host's does: an API server starting again can accept a
+        // request and never answer it, and a pod's life is played through
+        // its watch.
+        let mut kubelet = plane.get().config().clone();
+        kubelet.read_timeout = Some(Duration::from_secs(30));
+        let kubelet = kube::Client::try_from(kubelet).context("a client for the simulator")?;
         let sim = Simulator::start(
-            client.clone(),
+            kubelet,
             fake.url(),
             SimulatorConfig {
                 default_scenario: scenario,
@@ -249,6 +265,7 @@ impl Stack {
             host_args,
             audit_log,
             starts: 0,
+            bound: WAIT,
             plane,
             dir,
         };
@@ -291,6 +308,15 @@ impl Stack {
     pub async fn stop_host(&mut self, grace: Duration) {
         if let Some(host) = self.host.take() {
             host.terminate(grace).await;
+        }
+    }
+
+    /// The stack's own control plane; `None` when it shares the test
+    /// binary's, which one stack must not stop under the others.
+    pub fn own_control_plane(&self) -> Option<&ControlPlane> {
+        match &self.plane {
+            Plane::Owned(plane) => Some(plane),
+            Plane::Shared(_) => None,
         }
     }
 
@@ -398,6 +424,15 @@ impl Stack {
         Ok(())
     }
 
+    /// Deletes the scale set (its teardown then runs).
+    pub async fn delete_scale_set(&self, name: &str) -> Result<()> {
+        self.scale_sets()
+            .delete(name, &kube::api::DeleteParams::default())
+            .await
+            .with_context(|| format!("deleting the scale set {name}"))?;
+        Ok(())
+    }
+
     /// Changes the scale set's runner image: a spec change.
     pub async fn set_image(&self, name: &str, image: &str) -> Result<()> {
         let patch = json!({"spec": {"template": {"spec": {"containers": [
@@ -446,7 +481,14 @@ impl Stack {
             .enqueue_jobs(JobSpec::new(count, &[set]).lasting(duration))
     }
 
-    /// Polls `probe` until it answers, for at most [`WAIT`]; an error
+    /// Sets how long each wait for a state may take from now on ([`WAIT`]
+    /// until then): the fault matrix holds each phase to a tighter bound.
+    pub fn set_bound(&mut self, bound: Duration) {
+        self.bound = bound;
+    }
+
+    /// Polls `probe` until it answers, for at most the bound ([`WAIT`]
+    /// unless [`Stack::set_bound`] changed it); an error
     /// naming what never happened, with the ledger and the host's log,
     /// otherwise. The tests' [`arcwright_harness::eventually`] underneath,
     /// returning the timeout rather than panicking, so the demo can report
@@ -455,7 +497,7 @@ impl Stack {
     where
         Fut: std::future::Future<Output = Option<T>>,
     {
-        if let Some(found) = arcwright_harness::poll_within(WAIT, probe).await {
+        if let Some(found) = arcwright_harness::poll_within(self.bound, probe).await {
             return Ok(found);
         }
         let host = self
@@ -502,7 +544,7 @@ impl Stack {
     pub async fn jobs_succeeded(&self, total: u64) -> Result<()> {
         self.fake
             .control()
-            .wait_until(WAIT, |s| s.ledger.jobs_succeeded >= total)
+            .wait_until(self.bound, |s| s.ledger.jobs_succeeded >= total)
             .await
             .map(drop)
             .map_err(|s| {
@@ -591,6 +633,19 @@ impl Stack {
         let log = std::fs::read_to_string(self.audit_log.as_ref()?).ok()?;
         Some(audit::count(&log, &self.host_username(), from, to))
     }
+}
+
+/// Runs `work` on a new multi-threaded runtime until it ends or Ctrl-C
+/// arrives (then an `interrupted` error, after everything `work` started
+/// is dropped and so stopped): the entry of the stack's binaries.
+pub fn run_until_interrupted<T>(work: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    let runtime = tokio::runtime::Runtime::new().context("a tokio runtime")?;
+    runtime.block_on(async {
+        tokio::select! {
+            result = work => result,
+            _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
+        }
+    })
 }
 
 async fn create_namespace(client: kube::Client, name: &str) -> Result<String> {

@@ -18,13 +18,9 @@ struct Args {
 
 fn main() -> ExitCode {
     let options = Args::parse().options;
-    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
-    let result = runtime.block_on(async {
-        tokio::select! {
-            result = bench::run(&options, &|line| eprintln!("bench: {line}")) => result,
-            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
-        }
-    });
+    let result = arcwright_stack::run_until_interrupted(bench::run(&options, &|line| {
+        eprintln!("bench: {line}")
+    }));
     match result {
         Ok(report) => {
             println!("{report}");
