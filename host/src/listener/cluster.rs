@@ -322,7 +322,8 @@ const UNSENT_RETRY: Duration = Duration::from_secs(1);
 fn unanswered(error: &kube::Error) -> bool {
     match error {
         kube::Error::Api(status) => status.code >= 500 || status.code == 429,
-        _ => true,
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_) => true,
+        _ => false,
     }
 }
 
