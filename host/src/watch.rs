@@ -29,9 +29,15 @@
 //! host; a host given many namespaces with `--namespace` holds nine per
 //! namespace, and pays as many times that).
 //!
-//! Not solved here: the restarted server still answers some requests only
-//! at the read timeout, so a runner created in the first seconds after an
-//! outage can wait that long to be registered (see `docs/faults.md`).
+//! **Waiting twice.** A kube-runtime `Controller` wraps all its trigger
+//! streams, merged, in a backoff of its own (`default_backoff`, up to
+//! 30 s, reset only by an item), and while it waits it polls none of them.
+//! After a restart the errors of every watch (each already retried by its
+//! own [`WatchBackoff`]) reached that one backoff in turn and pushed it to
+//! 22 and 26 s: the runners' events, all of them, waited that long, and a
+//! job assigned during the outage outlived the service's assignment
+//! timeout. The controllers' trigger backoff is [`Undelayed`]: each watch
+//! waits on its own, and one failing watch never holds the others.
 
 use std::time::Duration;
 
@@ -85,6 +91,25 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
     }
 }
 
+/// The backoff of a `Controller`'s merged trigger streams: none, because
+/// each stream already backs off on its own errors ([`WatchBackoff`]) and
+/// a wait here would hold every stream for the errors of one.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Undelayed;
+
+impl Iterator for Undelayed {
+    type Item = Duration;
+
+    /// Never `None`, which would end the controller's trigger stream.
+    fn next(&mut self) -> Option<Duration> {
+        Some(Duration::ZERO)
+    }
+}
+
+impl kube::runtime::utils::Backoff for Undelayed {
+    fn reset(&mut self) {}
+}
+
 #[cfg(test)]
 mod tests {
     use kube::runtime::utils::Backoff as _;
@@ -111,5 +136,11 @@ mod tests {
         assert!(waits[7] >= MOST / 2, "the cap is reached: {waits:?}");
         backoff.reset();
         assert!(backoff.next().unwrap() <= FIRST);
+    }
+
+    #[test]
+    fn the_trigger_backoff_never_waits_and_never_ends_the_stream() {
+        assert!(Undelayed.take(100).all(|wait| wait.is_zero()));
+        assert_eq!(Undelayed.take(100).count(), 100);
     }
 }

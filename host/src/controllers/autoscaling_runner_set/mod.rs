@@ -260,8 +260,10 @@ pub async fn run<L: ListenerControl, S: ActionsClientSource>(
     };
     let metrics = context.metrics.clone();
     let owned = watch::filtered(
-        watcher::watcher(runner_sets, crate::watch::config())
-            .backoff(crate::watch::WatchBackoff::default()),
+        kit::relist::with_vanished(
+            watcher::watcher(runner_sets, crate::watch::config())
+                .backoff(crate::watch::WatchBackoff::default()),
+        ),
         move |delivered| metrics.owned_update(CONTROLLER, delivered),
     );
     let (reader, writer) = reflector::store();
@@ -277,6 +279,7 @@ pub async fn run<L: ListenerControl, S: ActionsClientSource>(
     );
     let controller = Controller::for_stream(events.applied_objects(), reader)
         .owns_stream(owned)
+        .trigger_backoff(crate::watch::Undelayed)
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {

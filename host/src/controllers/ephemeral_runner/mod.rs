@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actions::ActionsError;
 use crate::api::{EphemeralRunner, labels};
-use crate::controllers::kit::{ErrorLabel, Publisher};
+use crate::controllers::kit::{ErrorLabel, Publisher, relist};
 use crate::controllers::metrics::{ControllerMetrics, RunnerLabels};
 use crate::credentials::{ActionsClients, ActionsRemover, CredentialsError, GitHubTarget};
 use crate::policy::loader::{LoadedPolicy, PolicyLoader, PolicyRef};
@@ -387,23 +387,30 @@ pub async fn run(
     // woken only when what its plan reads of the pod changed (seed 004).
     let metrics = ctx.deps.metrics.clone();
     let pods = crate::controllers::kit::projection::filtered(
-        watcher::watcher(pods, owned.clone())
-            .backoff(crate::watch::WatchBackoff::default())
-            .modify(resources::slim_pod)
-            .reflect(pod_writer),
+        relist::with_vanished(
+            watcher::watcher(pods, owned.clone())
+                .backoff(crate::watch::WatchBackoff::default())
+                .modify(resources::slim_pod)
+                .reflect(pod_writer),
+        ),
         observe::pod_view,
         move |delivered| metrics.owned_update(CONTROLLER, delivered),
     );
-    let secrets = watcher::watcher(secrets, owned)
-        .backoff(crate::watch::WatchBackoff::default())
-        .modify(resources::redact_jit_secret)
-        .reflect(secret_writer)
-        .touched_objects();
+    // A Secret deleted while the watch re-lists would otherwise never wake
+    // the runner waiting on that deletion to let go of its finalizer.
+    let secrets = relist::with_vanished(
+        watcher::watcher(secrets, owned)
+            .backoff(crate::watch::WatchBackoff::default())
+            .modify(resources::redact_jit_secret)
+            .reflect(secret_writer),
+    )
+    .touched_objects();
     let controller = Controller::for_stream(events.applied_objects(), reader)
         .owns_stream(pods)
         .owns_stream(secrets)
         .reconcile_on(woken)
         .with_config(controller::Config::default().concurrency(config.concurrency))
+        .trigger_backoff(crate::watch::Undelayed)
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {});

@@ -32,7 +32,7 @@ use kube::runtime::{WatchStreamExt, applier, watcher};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{EphemeralRunner, EphemeralRunnerSet, labels};
-use crate::controllers::kit::ErrorLabel;
+use crate::controllers::kit::{ErrorLabel, relist};
 use crate::controllers::metrics::ControllerMetrics;
 use apply::Apply;
 use observe::Observed;
@@ -345,11 +345,13 @@ pub async fn run(
     );
     let own = controller::trigger_self(events.applied_objects(), ());
     let owned = owned_triggers(
-        watcher(
-            runners,
-            crate::watch::config().labels(labels::EPHEMERAL_RUNNER_SET),
-        )
-        .backoff(crate::watch::WatchBackoff::default()),
+        relist::with_vanished(
+            watcher(
+                runners,
+                crate::watch::config().labels(labels::EPHEMERAL_RUNNER_SET),
+            )
+            .backoff(crate::watch::WatchBackoff::default()),
+        ),
         ctx.metrics.clone(),
         ctx.controller_metrics.clone(),
     );

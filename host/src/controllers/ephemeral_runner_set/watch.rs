@@ -26,12 +26,13 @@
 //!   else changed, is dropped; a record that goes away is delivered.
 //!
 //! A predicate may only ever be an optimisation, so everything else is
-//! delivered: a runner seen for the first time, a deletion, and a runner
-//! that vanished while the watch was re-listing.
+//! delivered: a runner seen for the first time, and a deletion, including
+//! that of a runner that vanished while the watch was re-listing (the
+//! watch comes through [`with_vanished`](crate::controllers::kit::relist::with_vanished)).
 //!
 //! [`runner_view`]: super::observe::runner_view
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use kube::Resource;
@@ -134,29 +135,17 @@ pub struct Judged {
     pub delivered: bool,
 }
 
-#[derive(Clone, Debug)]
-struct Seen {
-    projection: Projection,
-    owner: Option<ObjectRef<EphemeralRunnerSet>>,
-}
-
 /// The projection of every runner last delivered, by uid.
 #[derive(Debug, Default)]
 pub struct RunnerFilter {
-    seen: HashMap<String, Seen>,
-    /// The uids listed since the watch restarted; `None` outside a re-list.
-    listing: Option<HashSet<String>>,
+    seen: HashMap<String, Projection>,
 }
 
 impl RunnerFilter {
     /// Judges one watch event: the owners to wake, or the update dropped.
     pub fn judge(&mut self, event: watcher::Event<EphemeralRunner>) -> Vec<Judged> {
         match event {
-            watcher::Event::Apply(runner) => self.apply(&runner).into_iter().collect(),
-            watcher::Event::InitApply(runner) => {
-                if let (Some(listing), Some(uid)) = (&mut self.listing, &runner.metadata.uid) {
-                    listing.insert(uid.clone());
-                }
+            watcher::Event::Apply(runner) | watcher::Event::InitApply(runner) => {
                 self.apply(&runner).into_iter().collect()
             }
             watcher::Event::Delete(runner) => {
@@ -171,30 +160,7 @@ impl RunnerFilter {
                     .into_iter()
                     .collect()
             }
-            watcher::Event::Init => {
-                self.listing = Some(HashSet::new());
-                Vec::new()
-            }
-            watcher::Event::InitDone => {
-                // Runners that went while the watch was down get no delete
-                // event: wake their sets now.
-                let Some(listed) = self.listing.take() else {
-                    return Vec::new();
-                };
-                let gone: Vec<String> = self
-                    .seen
-                    .keys()
-                    .filter(|uid| !listed.contains(*uid))
-                    .cloned()
-                    .collect();
-                gone.into_iter()
-                    .filter_map(|uid| self.seen.remove(&uid)?.owner)
-                    .map(|owner| Judged {
-                        owner,
-                        delivered: true,
-                    })
-                    .collect()
-            }
+            watcher::Event::Init | watcher::Event::InitDone => Vec::new(),
         }
     }
 
@@ -203,14 +169,8 @@ impl RunnerFilter {
         let projection = projection(runner);
         let changed = match &runner.metadata.uid {
             Some(uid) => {
-                let previous = self.seen.insert(
-                    uid.clone(),
-                    Seen {
-                        projection,
-                        owner: owner.clone(),
-                    },
-                );
-                previous.is_none_or(|p| p.projection.wakes(projection))
+                let previous = self.seen.insert(uid.clone(), projection);
+                previous.is_none_or(|p| p.wakes(projection))
             }
             None => true,
         };
@@ -297,23 +257,32 @@ mod tests {
     #[test]
     fn deletions_and_runners_gone_during_a_relist_are_always_delivered() {
         let mut filter = RunnerFilter::default();
+        let mut relist = crate::controllers::kit::relist::Relist::default();
+        let mut judge = |event| -> Vec<Judged> {
+            relist
+                .observe(event)
+                .into_iter()
+                .flat_map(|event| filter.judge(event))
+                .collect()
+        };
         let (a, b) = (runner("a"), runner("b"));
-        filter.judge(watcher::Event::Apply(a.clone()));
-        filter.judge(watcher::Event::Apply(b.clone()));
-        let judged = filter.judge(watcher::Event::Delete(a.clone()));
+        judge(watcher::Event::Apply(a.clone()));
+        judge(watcher::Event::Apply(b.clone()));
+        let judged = judge(watcher::Event::Delete(a.clone()));
         assert!(
             judged[0].delivered,
             "an unchanged deleted object still wakes"
         );
-        filter.judge(watcher::Event::Apply(a.clone()));
+        judge(watcher::Event::Apply(a.clone()));
 
-        assert!(filter.judge(watcher::Event::Init).is_empty());
-        let relisted = filter.judge(watcher::Event::InitApply(a.clone()));
+        assert!(judge(watcher::Event::Init).is_empty());
+        let relisted = judge(watcher::Event::InitApply(a.clone()));
         assert!(!relisted[0].delivered, "unchanged across the relist");
-        let gone = filter.judge(watcher::Event::InitDone);
+        let gone = judge(watcher::Event::InitDone);
         assert_eq!(gone.len(), 1, "b vanished while the watch was down");
         assert!(gone[0].delivered);
-        assert!(filter.judge(watcher::Event::InitDone).is_empty());
+        assert_eq!(gone[0].owner.name, "set");
+        assert!(judge(watcher::Event::InitDone).is_empty());
     }
 
     #[test]

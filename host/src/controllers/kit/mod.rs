@@ -1,13 +1,14 @@
 //! What the three controllers share, so each is written once: the
 //! finalizer's compare-and-swap ([`finalizer`]), the condition setter
 //! ([`conditions`]), the event publisher ([`Publisher`]), the owned
-//! watches' filter ([`projection`]), start-up and shutdown ([`Synced`],
-//! [`until_shutdown`]) and the label a failed reconcile is counted under
-//! ([`ErrorLabel`]).
+//! watches' filter ([`projection`]) and the deletions a re-list hides from
+//! them ([`relist`]), start-up and shutdown ([`Synced`], [`until_shutdown`])
+//! and the label a failed reconcile is counted under ([`ErrorLabel`]).
 
 pub mod conditions;
 pub mod finalizer;
 pub mod projection;
+pub mod relist;
 mod sync;
 
 pub use crate::events::{Notice, Publisher, Severity};
