@@ -8,6 +8,7 @@
 
 pub mod actions;
 pub mod api;
+pub mod causes;
 pub mod controllers;
 pub mod credentials;
 pub mod debug;

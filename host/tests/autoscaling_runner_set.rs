@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arcwright::api::autoscaling_runner_set::{
-    AutoscalingRunnerSetCondition, AutoscalingRunnerSetEvent, DeletionBlockedReason,
+    AutoscalingRunnerSetCondition, AutoscalingRunnerSetEvent, DeletionBlockedReason, StalledReason,
 };
 use arcwright::api::{
     AutoscalingRunnerSet, AutoscalingRunnerSetPhase, EphemeralRunner, EphemeralRunnerSet,
@@ -26,6 +26,7 @@ use arcwright_harness::{TestEnv, eventually};
 use fake_actions::{FakeActions, FakeConfig};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -37,6 +38,7 @@ const WAIT: Duration = Duration::from_secs(30);
 const NAME: &str = "linux";
 const TEMPLATE_CONDITION: &str = AutoscalingRunnerSetCondition::PodTemplateAccepted.as_str();
 const DELETION_CONDITION: &str = AutoscalingRunnerSetCondition::DeletionBlocked.as_str();
+const STALLED_CONDITION: &str = AutoscalingRunnerSetCondition::Stalled.as_str();
 
 struct Harness {
     env: TestEnv,
@@ -887,4 +889,132 @@ async fn runner_set_updates_outside_the_projection_do_not_wake_the_scale_set() {
             .is_some_and(|s| s.running_ephemeral_runners == 5 && s.current_runners == 5)
     })
     .await;
+}
+
+/// The set's `Stalled` condition, once it is there.
+async fn stalled_until(h: &Harness, what: &str, done: impl Fn(&Condition) -> bool) -> Condition {
+    let set = h
+        .set_until(what, |set| {
+            set.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == STALLED_CONDITION && done(c))
+            })
+        })
+        .await;
+    set.status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == STALLED_CONDITION)
+        .unwrap()
+}
+
+/// The notes of the set's `Stalled` events.
+async fn stalled_notes(h: &Harness) -> Vec<String> {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(h.env.client(), h.env.namespace());
+    let stalled = AutoscalingRunnerSetEvent::Stalled.as_str();
+    let list = events.list(&Default::default()).await.unwrap();
+    list.items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(stalled))
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_set_whose_credentials_are_missing_is_stalled_says_why_and_recovers() {
+    let h = Harness::start("ars-stalled-credentials").await;
+    let mut spec = h.spec(template(json!(null)));
+    spec["githubConfigSecret"] = json!("other-auth");
+    let set: AutoscalingRunnerSet = serde_json::from_value(json!({
+        "apiVersion": "arcwright.dev/v1alpha1",
+        "kind": "AutoscalingRunnerSet",
+        "metadata": {"name": NAME},
+        "spec": spec,
+    }))
+    .unwrap();
+    h.sets().create(&PostParams::default(), &set).await.unwrap();
+
+    let condition = stalled_until(&h, "the set is stalled", |_| true).await;
+    assert_eq!(condition.status, "True");
+    assert_eq!(
+        condition.reason,
+        StalledReason::CredentialsUnusable.as_str()
+    );
+    assert!(
+        condition.message.contains("other-auth") && condition.message.contains("does not exist"),
+        "{}",
+        condition.message
+    );
+    let notes = eventually("a Stalled event", WAIT, || async {
+        let notes = stalled_notes(&h).await;
+        (!notes.is_empty()).then_some(notes)
+    })
+    .await;
+    assert_eq!(
+        notes,
+        [format!("CredentialsUnusable: {}", condition.message)],
+        "one event, naming the reason and the failure"
+    );
+    assert!(
+        h.fake.control().scale_sets().is_empty(),
+        "nothing registered"
+    );
+
+    // The Secret arrives: the set registers, runs, and is no longer stalled.
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "other-auth"},
+        "stringData": {"github_token": h.fake.pat()},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(h.env.client(), h.env.namespace())
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    h.set_until("the set runs and is not stalled", |set| {
+        set.status.as_ref().is_some_and(|s| {
+            s.phase == Some(AutoscalingRunnerSetPhase::Running)
+                && s.conditions.iter().all(|c| c.type_ != STALLED_CONDITION)
+        })
+    })
+    .await;
+    assert_eq!(h.fake.control().scale_sets().len(), 1);
+}
+
+#[tokio::test]
+async fn a_set_whose_service_cannot_be_reached_says_why_with_the_cause() {
+    let h = Harness::start("ars-stalled-unreachable").await;
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let mut spec = h.spec(template(json!(null)));
+    spec["githubConfigUrl"] = json!(format!("http://127.0.0.1:{port}/octo-org"));
+    let set: AutoscalingRunnerSet = serde_json::from_value(json!({
+        "apiVersion": "arcwright.dev/v1alpha1",
+        "kind": "AutoscalingRunnerSet",
+        "metadata": {"name": NAME},
+        "spec": spec,
+    }))
+    .unwrap();
+    h.sets().create(&PostParams::default(), &set).await.unwrap();
+
+    let condition = stalled_until(&h, "the set is stalled", |_| true).await;
+    assert_eq!(condition.reason, StalledReason::ActionsUnavailable.as_str());
+    // The cause, not only "error sending request".
+    assert!(
+        condition.message.to_lowercase().contains("connect"),
+        "{}",
+        condition.message
+    );
+    assert!(
+        !condition.message.contains(h.fake.pat()),
+        "no credential in the message"
+    );
+    assert_eq!(
+        phase(&h.sets().get(NAME).await.unwrap()),
+        Some(AutoscalingRunnerSetPhase::Pending)
+    );
 }

@@ -5,6 +5,7 @@
 
 mod common;
 
+use arcwright::api::autoscaling_runner_set::MAX_NAME;
 use arcwright::api::{
     AutoscalingRunnerSet, AutoscalingRunnerSetPhase, AutoscalingRunnerSetSpec,
     AutoscalingRunnerSetStatus, EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSet,
@@ -251,6 +252,37 @@ async fn the_api_server_refuses_what_the_schema_forbids() {
         .await
         .unwrap_or_else(|e| panic!("{min:?}..{max:?} accepted: {e}"));
     }
+
+    // A name whose runners' names would not fit a label value is refused;
+    // the longest that fits is accepted.
+    let spec: AutoscalingRunnerSetSpec =
+        serde_json::from_value(ars_spec(None, None, "https://github.com/octo-org")).unwrap();
+    let too_long = "a".repeat(MAX_NAME + 1);
+    match api
+        .create(
+            &PostParams::default(),
+            &AutoscalingRunnerSet::new(&too_long, spec.clone()),
+        )
+        .await
+    {
+        Err(kube::Error::Api(e)) => {
+            assert_eq!(e.code, 422, "{e:?}");
+            assert!(
+                e.message
+                    .contains(&format!("at most {MAX_NAME} characters")),
+                "{}",
+                e.message
+            );
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let longest = "b".repeat(MAX_NAME);
+    api.create(
+        &PostParams::default(),
+        &AutoscalingRunnerSet::new(&longest, spec),
+    )
+    .await
+    .expect("the longest name that fits is accepted");
 }
 
 /// `crds/` is exactly what the Rust types generate: no file stale, missing or

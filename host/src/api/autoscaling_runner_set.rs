@@ -10,6 +10,17 @@ use super::shared::{
     pod_template_schema,
 };
 
+/// The longest name an AutoscalingRunnerSet may have: each runner is named
+/// `<name>-runner-xxxxx`, and that name is a label value on the runner's
+/// pod and Secret, which Kubernetes limits to 63 characters. A longer name
+/// is refused at `kubectl apply`, rather than accepted and every runner pod
+/// then refused.
+pub const MAX_NAME: usize = 63 - "-runner-xxxxx".len();
+
+/// Why a name longer than [`MAX_NAME`] is refused.
+const NAME_TOO_LONG: &str = "the name must be at most 50 characters: each runner is named <name>-runner-xxxxx, \
+     and that name is a label value on its pod, which Kubernetes limits to 63 characters";
+
 /// A runner scale set: where it registers, how its runners look, how many
 /// it may have, and the policies that make its judgement calls.
 ///
@@ -36,7 +47,8 @@ use super::shared::{
     printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".status.scaling.desiredRunners"}"#,
     printcolumn = r#"{"name":"Listener","type":"string","jsonPath":".status.listener.state"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.scaling.reason"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new(format!("size(self.metadata.name) <= {MAX_NAME}")).message(NAME_TOO_LONG)
 )]
 #[x_kube(validation = Rule::new("!has(self.minRunners) || !has(self.maxRunners) || self.minRunners <= self.maxRunners").message("minRunners must not be greater than maxRunners"))]
 #[serde(rename_all = "camelCase")]
@@ -250,6 +262,43 @@ wire_names! {
         /// ([`ScaleSetConflictReason`]): this one waits, registering and
         /// deleting nothing, until the name is free. Absent otherwise.
         ScaleSetConflict,
+        /// True while reconciles fail on something that retrying alone
+        /// will not mend, or has not yet (credentials, the Actions service
+        /// unreachable or refusing, a policy that cannot be had); the
+        /// message is the failure with its causes ([`StalledReason`]).
+        /// Absent once a reconcile succeeds. The name and polarity are
+        /// kstatus's, so `kubectl wait`, Flux and Argo CD read it.
+        Stalled,
+    }
+}
+
+wire_names! {
+    /// Why `Stalled` is True.
+    StalledReason {
+        /// The credentials Secret is missing, lacks a key, or holds one
+        /// that cannot be used (an App key that is not a key); or the
+        /// service refused the credentials.
+        CredentialsUnusable,
+        /// The TLS or proxy settings cannot make a client (a CA bundle
+        /// that is not PEM, a proxy URL that does not parse), or the
+        /// configuration URL is not one the client accepts.
+        ConnectionSettingsInvalid,
+        /// The Actions service could not be reached, did not answer in
+        /// time, answered 5xx or 429 after the client's retries, or sent
+        /// an answer that cannot be read.
+        ActionsUnavailable,
+        /// The Actions service answered, and refused (a 4xx; a runner
+        /// group that does not exist).
+        ActionsRefused,
+        /// The pod-validation policy could not be loaded or run (an
+        /// unknown builtin, a ConfigMap missing or too large).
+        PolicyUnavailable,
+        /// The listener could not be started.
+        ListenerNotStarted,
+        /// The API server refused what the set asks for (a 4xx other
+        /// than a conflict: a name too long for the objects made from it,
+        /// a template the server will not store).
+        KubernetesRefused,
     }
 }
 
@@ -304,5 +353,8 @@ wire_names! {
         /// The scale set the set recorded is gone from the service; it is
         /// found again by name or registered anew.
         ScaleSetLost,
+        /// Reconciles fail, with the `Stalled` condition's reason and
+        /// message as the note (once per distinct failure).
+        Stalled,
     }
 }

@@ -327,7 +327,7 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
             Err(error) => {
                 self.status.health(Health::Retrying {
                     cause: Cause::PolicyUnavailable,
-                    message: error.to_string(),
+                    message: crate::causes::of(&error),
                     retry_in: std::time::Duration::ZERO,
                 });
                 return;
@@ -368,7 +368,7 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
     fn target_failed(&self, error: &ListenerError) {
         self.status.health(Health::Retrying {
             cause: Cause::TargetUnavailable,
-            message: error.to_string(),
+            message: crate::causes::of(error),
             // The next decision comes after the next poll.
             retry_in: std::time::Duration::ZERO,
         });
@@ -392,7 +392,7 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
 
     /// [`Self::pause`] for a failed call.
     async fn pause_after(&self, error: &ActionsError, memory: &mut Memory) -> bool {
-        self.pause(recovery(error).cause, error.to_string(), memory)
+        self.pause(recovery(error).cause, crate::causes::of(error), memory)
             .await
     }
 

@@ -245,7 +245,7 @@ async fn write_status(
                 conditions: Some(conditions),
                 ..StatusFields::default()
             }),
-            "reporting the blocked deletion",
+            "writing the conditions",
         ),
         StatusChange::Settled(status) => (StatusBody::Whole(status), "writing the status"),
     };

@@ -17,6 +17,7 @@
 //! refused.
 
 mod apply;
+pub mod failure;
 mod observe;
 pub mod plan;
 pub mod watch;
@@ -300,7 +301,7 @@ fn error_policy<L: ListenerControl, S: ActionsClientSource>(
         name = %set.name_any(),
         namespace = set.namespace().unwrap_or_default(),
         kind = error.label(),
-        %error,
+        error = crate::causes::of(error),
         "reconcile failed; retrying"
     );
     Action::requeue(RETRY)
@@ -323,7 +324,11 @@ pub async fn reconcile<L: ListenerControl, S: ActionsClientSource>(
         if set.meta().deletion_timestamp.is_some() {
             delete(&set, &context, &apis).await
         } else {
-            live(set, &context, &apis).await
+            let result = live(Arc::clone(&set), &context, &apis).await;
+            if let Err(error) = &result {
+                stalled(&set, error, &context, &apis).await;
+            }
+            result
         }
     }
     .instrument(span)
@@ -362,6 +367,25 @@ async fn live<L: ListenerControl, S: ActionsClientSource>(
     }
     // Unreachable with a well-formed plan; answered as "look again".
     Ok(Action::requeue(RETRY))
+}
+
+/// A failed reconcile of a live set: what the admin can act on is said on
+/// the status and in one event ([`plan::stalled`]); the error itself goes
+/// on to be retried. A write that fails here is left to the retry.
+async fn stalled<L: ListenerControl, S: ActionsClientSource>(
+    set: &AutoscalingRunnerSet,
+    error: &Error,
+    context: &Context<L, S>,
+    apis: &Apis,
+) {
+    let Some(failure) = failure::of(error) else {
+        return;
+    };
+    let status = set.status.clone().unwrap_or_default();
+    let steps = plan::stalled(&status, &failure, jiff::Timestamp::now());
+    if let Err(error) = apply::apply(steps, set, &mut None, context, apis).await {
+        tracing::debug!(%error, "the failure could not be reported");
+    }
 }
 
 /// A deleting set: observe, [`plan_deletion`], apply; a set that no longer

@@ -51,17 +51,24 @@
 //!    reason why it cannot be, or an admin's force), the credentials
 //!    Secret released, finalizer ([`plan_deletion`]; tests in
 //!    [`deletion`]).
+//! 8. **The credentials Secret is held** with a finalizer while the set
+//!    exists, so deleting both together (`helm uninstall`) still leaves
+//!    the teardown its credentials; a deletion releases it once the scale
+//!    set is gone from the service, unless another set names the same
+//!    Secret (tests: `... credentials ...`).
 //! 9. **One scale set, one set**: a scale set found by name whose id
 //!    another AutoscalingRunnerSet records is not adopted; the set waits,
 //!    saying which set holds it ([`conflicted`]); and a scale set the
 //!    listener finds gone from the service is found again or registered
 //!    anew ([`Observed::scale_set_lost`]; tests: `... conflict ...`, `...
 //!    lost ...`).
-//! 8. **The credentials Secret is held** with a finalizer while the set
-//!    exists, so deleting both together (`helm uninstall`) still leaves
-//!    the teardown its credentials; a deletion releases it once the scale
-//!    set is gone from the service, unless another set names the same
-//!    Secret (tests: `... credentials ...`).
+//! 10. **A failure is said once**: a reconcile of a live set that fails on
+//!     something the admin can act on, or must know of (credentials, the
+//!     service unreachable or refusing, a policy, a refused object), sets
+//!     `Stalled` with the failure's reason and its causes and publishes one
+//!     event per distinct failure; the next reconcile that settles removes
+//!     it ([`stalled`], [`failure`](super::failure); tests: `... stalled
+//!     ...`).
 
 mod deletion;
 #[cfg(test)]
@@ -74,6 +81,7 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use serde_json::Value;
 
+use super::failure::Failure;
 use crate::actions::RunnerScaleSet;
 use crate::api::autoscaling_runner_set::{
     AutoscalingRunnerSetCondition, AutoscalingRunnerSetEvent, PodTemplateReason,
@@ -781,6 +789,9 @@ fn settle(observed: &Observed, mut steps: Vec<Step>, settled: Settled<'_>) -> Pl
             None => next.conditions.retain(|c| c.type_ != type_.as_str()),
         }
     }
+    // A reconcile that settles is not stalled (rule 10).
+    next.conditions
+        .retain(|c| c.type_ != AutoscalingRunnerSetCondition::Stalled.as_str());
     let counts = |s: &AutoscalingRunnerSetStatus| {
         (
             s.current_runners,
@@ -804,6 +815,38 @@ fn settle(observed: &Observed, mut steps: Vec<Step>, settled: Settled<'_>) -> Pl
         steps,
         then: Then::LookAgainIn(if moving { COUNTS_RESYNC } else { RESYNC }),
     }
+}
+
+/// Rule 10: `Stalled` set from `failure` and one event, unless the status
+/// already says exactly this (the same reason and message), so a failure
+/// retried every few seconds is announced once.
+pub fn stalled(
+    status: &AutoscalingRunnerSetStatus,
+    failure: &Failure,
+    now: Timestamp,
+) -> Vec<Step> {
+    let mut conditions = status.conditions.clone();
+    let changed = conditions::set(
+        &mut conditions,
+        conditions::Setting {
+            type_: AutoscalingRunnerSetCondition::Stalled.as_str(),
+            status: true,
+            reason: failure.reason.as_str(),
+            message: &failure.message,
+            observed_generation: None,
+        },
+        now,
+    );
+    if !changed {
+        return Vec::new();
+    }
+    vec![
+        Step::WriteStatus(StatusChange::Conditions(conditions)),
+        Step::Publish(Notice::warning(
+            AutoscalingRunnerSetEvent::Stalled.as_str(),
+            format!("{}: {}", failure.reason, failure.message),
+        )),
+    ]
 }
 
 /// The violations as the condition's message: `path: message; ...`.

@@ -800,3 +800,73 @@ fn semantic_equality_ignores_only_what_the_server_drops() {
         );
     }
 }
+
+fn stalled_condition(message: &str, since: Timestamp) -> Condition {
+    use crate::api::autoscaling_runner_set::StalledReason;
+    Condition {
+        type_: AutoscalingRunnerSetCondition::Stalled.as_str().into(),
+        status: "True".into(),
+        reason: StalledReason::CredentialsUnusable.as_str().into(),
+        message: message.into(),
+        observed_generation: None,
+        last_transition_time: Time(since),
+    }
+}
+
+#[test]
+fn a_stalled_reconcile_says_why_once_and_a_settled_one_clears_it() {
+    use crate::api::autoscaling_runner_set::StalledReason;
+    let missing = Failure {
+        reason: StalledReason::CredentialsUnusable,
+        message: "secret ns/github-auth does not exist".into(),
+    };
+    let status = running(2, at(0));
+    let mut stalled_status = status.clone();
+    stalled_status
+        .conditions
+        .push(stalled_condition(&missing.message, at(100)));
+    let note = "CredentialsUnusable: secret ns/github-auth does not exist";
+    assert_eq!(
+        stalled(&status, &missing, at(100)),
+        vec![
+            Step::WriteStatus(StatusChange::Conditions(stalled_status.conditions.clone())),
+            Step::Publish(Notice::warning(
+                AutoscalingRunnerSetEvent::Stalled.as_str(),
+                note,
+            )),
+        ],
+        "the first failure is written and announced"
+    );
+    assert_eq!(
+        stalled(&stalled_status, &missing, at(200)),
+        vec![],
+        "the same failure again changes nothing"
+    );
+    let other = Failure {
+        message: "secret ns/github-auth has no github_token".into(),
+        ..missing.clone()
+    };
+    let mut changed = stalled_status.conditions.clone();
+    changed[1].message = other.message.clone();
+    assert_eq!(
+        stalled(&stalled_status, &other, at(200)),
+        vec![
+            Step::WriteStatus(StatusChange::Conditions(changed)),
+            Step::Publish(Notice::warning(
+                AutoscalingRunnerSetEvent::Stalled.as_str(),
+                "CredentialsUnusable: secret ns/github-auth has no github_token",
+            )),
+        ],
+        "a different failure is said, its transition time kept"
+    );
+    check(vec![(
+        "the next reconcile that settles removes the condition",
+        Box::new(move |o| {
+            o.status.conditions.push(stalled_condition(
+                "secret ns/github-auth does not exist",
+                at(50),
+            ))
+        }),
+        done(vec![write(running(2, at(0)))]),
+    )]);
+}
