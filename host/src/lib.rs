@@ -13,6 +13,8 @@ pub mod controllers;
 pub mod credentials;
 pub mod debug;
 pub mod events;
+#[cfg(test)]
+mod fuzz;
 pub mod listener;
 pub mod policy;
 pub mod runtime;

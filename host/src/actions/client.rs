@@ -323,6 +323,29 @@ fn find_rustls_error<'a>(
     error.source().and_then(find_rustls_error)
 }
 
+/// The JIT config a `generatejitconfig` answer holds, refused unless it
+/// names a registration (an id above zero) and carries a configuration: a
+/// registration recorded as id `0` reads as "never registered", and nobody
+/// would ever remove it; an empty configuration starts a runner that can
+/// only fail.
+pub(crate) fn jit_config(response: &Response) -> Result<JitConfig, ActionsError> {
+    let op = Operation::GenerateJitConfig;
+    let jit: JitConfig = response.json(op)?;
+    let refused = |reason: &str| ActionsError::Decode {
+        operation: op,
+        reason: reason.to_string(),
+    };
+    if jit.runner.id <= 0 {
+        return Err(refused(
+            "the answer names no registration (its runner id is not above 0)",
+        ));
+    }
+    if jit.encoded_jit_config.expose().is_empty() {
+        return Err(refused("the answer carries an empty JIT configuration"));
+    }
+    Ok(jit)
+}
+
 /// A successful response: its status and its body with any BOM removed.
 pub(crate) struct Response {
     pub(crate) status: u16,
@@ -894,9 +917,11 @@ impl ActionsClient {
     ) -> Result<JitConfig, ActionsError> {
         let op = Operation::GenerateJitConfig;
         let path = format!("_apis/runtime/runnerscalesets/{scale_set_id}/generatejitconfig");
-        self.service_call(op, Method::POST, &path, Some(to_body(setting, op)?))
-            .await?
-            .json(op)
+        jit_config(
+            &self
+                .service_call(op, Method::POST, &path, Some(to_body(setting, op)?))
+                .await?,
+        )
     }
 
     /// Gets a runner by id; [`ActionsError::RunnerNotFound`] when there is

@@ -350,7 +350,7 @@ pub(crate) fn classify_response(
 /// The longest service message kept in an error. Error pages from proxies
 /// and load balancers can be kilobytes of HTML; an event or a log line needs
 /// the start of it, not all of it.
-const MAX_MESSAGE_CHARS: usize = 512;
+pub(crate) const MAX_MESSAGE_CHARS: usize = 512;
 
 /// Bounds a service message and says so when there was none.
 fn readable(message: String) -> String {

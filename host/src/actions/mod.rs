@@ -21,9 +21,9 @@
 //! request carried.
 
 pub mod auth;
-mod client;
+pub(crate) mod client;
 pub mod config_url;
-mod error;
+pub(crate) mod error;
 pub mod metrics;
 mod operation;
 pub mod retry;
