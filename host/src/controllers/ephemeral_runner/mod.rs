@@ -27,6 +27,8 @@ mod observe;
 pub mod plan;
 pub mod resources;
 
+pub use observe::replay;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -244,6 +244,39 @@ fn settled_in_cache<'a>(runner: &'a EphemeralRunner, ctx: &Context) -> Option<Pl
     })
 }
 
+/// What this controller plans for `runner` as given (a copy that may be
+/// far older than the cluster) with its `pod` and `secret` as they are
+/// now, as a host that just started would: the unregistration pool idle,
+/// the service's answer by name given in `registered_by_name`. Nothing in
+/// the controller calls it: it is the seam the stale-view check
+/// (`tests/stack/tests/stale_views.rs`, after Sieve, OSDI'22) replays every
+/// recorded version of every runner through, to show that no earlier view
+/// leads to a harmful step.
+pub fn replay(
+    runner: &EphemeralRunner,
+    pod: Option<&Pod>,
+    secret: Option<&Secret>,
+    registered_by_name: Option<Option<i64>>,
+    settings: &plan::Settings,
+    now: Timestamp,
+) -> Result<plan::Plan, Need> {
+    let observed = Observed {
+        runner,
+        pod: pod.filter(|p| owned_by(*p, runner)).map(pod_view),
+        secret: secret
+            .filter(|s| owned_by(*s, runner))
+            .and_then(read_jit_secret),
+        pool: PoolView::Idle,
+        verdict: None,
+        presence: None,
+        registered_by_name,
+        held: None,
+        refused_pod: None,
+        now,
+    };
+    plan::plan(&observed, settings)
+}
+
 /// Reads the runner's pod and Secret, asks the pool about its registration,
 /// and runs the plan, answering what it needs until it decides.
 pub(super) async fn observe_and_plan<'a>(

@@ -40,6 +40,7 @@ use plan::{Need, Plan, RenewalStep, Tried, Written};
 
 pub use error::Error;
 pub use metrics::SetMetrics;
+pub use observe::replay;
 
 /// The name events are reported under.
 pub const CONTROLLER_NAME: &str = "ephemeral-runner-set";

@@ -85,6 +85,28 @@ pub(super) async fn observe(set: &EphemeralRunnerSet, ctx: &Context) -> Result<O
     })
 }
 
+/// What this controller plans for `set` as given (a copy that may be far
+/// older than the cluster) with `runners` as they are now, as a host that
+/// just started would (nothing remembered of the set) and with `cap` as its
+/// runner cap. Nothing in the controller calls it: it is the seam the
+/// stale-view check (`tests/stack/tests/stale_views.rs`) replays every
+/// recorded version of every set through.
+pub fn replay(
+    set: &EphemeralRunnerSet,
+    runners: &[EphemeralRunner],
+    cap: u32,
+    now: Timestamp,
+) -> super::plan::Plan {
+    let uid = set.uid().unwrap_or_default();
+    let template = new_runner(set, Creation::default());
+    let views: Vec<RunnerView> = runners
+        .iter()
+        .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
+        .map(|r| runner_view(r, &template, now))
+        .collect();
+    super::plan::plan(&set_view(set, &SetMemory::default(), cap), &views)
+}
+
 /// Reads the runner `name` again, for a renewal refused because it changed
 /// since the list ([`Need::Reread`](super::plan::Need::Reread)): the runner
 /// and its view now, or `None` when it is gone.
