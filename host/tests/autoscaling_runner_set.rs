@@ -1018,3 +1018,59 @@ async fn a_set_whose_service_cannot_be_reached_says_why_with_the_cause() {
         Some(AutoscalingRunnerSetPhase::Pending)
     );
 }
+
+#[tokio::test]
+async fn a_secret_the_spec_no_longer_names_is_released_and_can_be_deleted() {
+    let h = Harness::start("ars-rotated-credentials").await;
+    h.running(template(json!(null))).await;
+    common::wait_credentials_held(h.env.client(), h.env.namespace()).await;
+    let secrets = Api::<Secret>::namespaced(h.env.client(), h.env.namespace());
+    let holds = |secret: &Secret| {
+        secret
+            .finalizers()
+            .iter()
+            .any(|f| f == finalizers::CREDENTIALS_IN_USE.name)
+    };
+
+    // Rotated credentials: a new Secret, and the spec names it.
+    let rotated: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "rotated-auth"},
+        "stringData": {"github_token": h.fake.pat()},
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &rotated)
+        .await
+        .unwrap();
+    h.patch_spec(json!({"githubConfigSecret": "rotated-auth"}))
+        .await;
+    eventually(
+        "the new Secret is held and the old one let go",
+        WAIT,
+        || async {
+            let new = secrets.get("rotated-auth").await.ok()?;
+            let old = secrets.get("github-auth").await.ok()?;
+            (holds(&new) && !holds(&old)).then_some(())
+        },
+    )
+    .await;
+    let set = h.sets().get(NAME).await.unwrap();
+    assert_eq!(
+        set.annotations()
+            .get(annotations::CREDENTIALS_SECRET)
+            .map(String::as_str),
+        Some("rotated-auth")
+    );
+
+    // The old Secret can go now; the set runs on.
+    secrets
+        .delete("github-auth", &DeleteParams::default())
+        .await
+        .unwrap();
+    until_gone(secrets.clone(), "github-auth", "the old Secret is deleted").await;
+    h.set_until("the set runs on the new Secret", |set| {
+        phase(set) == Some(AutoscalingRunnerSetPhase::Running)
+            && set.status.as_ref().and_then(|s| s.observed_generation) == set.metadata.generation
+    })
+    .await;
+}

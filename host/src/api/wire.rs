@@ -45,6 +45,12 @@ pub mod annotations {
     /// finish without deleting the scale set in the Actions service when
     /// its credentials Secret is gone.
     pub const FORCE_DELETE: &str = "arcwright.dev/force-delete";
+    /// The credentials Secret an AutoscalingRunnerSet holds with
+    /// `credentials-in-use`, recorded on the set: when `githubConfigSecret`
+    /// is changed to another Secret (rotated credentials), the one it held
+    /// is known, and released unless another set names it; without the
+    /// record its finalizer would stay, and deleting it would hang.
+    pub const CREDENTIALS_SECRET: &str = "arcwright.dev/credentials-secret";
     /// When a held runner's hold ends (RFC 3339), set by the hold API,
     /// Slack's Extend button or `kubectl annotate`. An annotation rather
     /// than a status field or an API of our own: `kubectl annotate` works,

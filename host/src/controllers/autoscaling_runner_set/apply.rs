@@ -89,41 +89,41 @@ async fn apply_step<L: ListenerControl, S: ActionsClientSource>(
             context.forget(&namespace, &name);
             context.metrics().forget_scale_set(&namespace, &name);
         }
-        Step::HoldCredentials | Step::ReleaseCredentials => {
-            let held = matches!(step, Step::HoldCredentials);
-            let name = &set.spec.github_config_secret;
-            let Some(secret) = apis
-                .secrets
-                .get_metadata_opt(name)
-                .await
-                .map_err(kube_err("reading the credentials Secret"))?
-            else {
-                return Ok(Applied::All);
-            };
-            let metadata_api: kube::Api<kube::core::PartialObjectMeta<Secret>> =
-                kube::Api::namespaced(context.client.clone(), &namespace);
-            let result = if held {
-                finalizer::add(
-                    &metadata_api,
-                    &secret,
-                    &finalizers::CREDENTIALS_IN_USE,
-                    FIELD_MANAGER,
+        Step::HoldCredentials => {
+            credentials_finalizer(
+                context,
+                apis,
+                &namespace,
+                &set.spec.github_config_secret,
+                true,
+            )
+            .await?;
+        }
+        Step::ReleaseCredentials => {
+            credentials_finalizer(
+                context,
+                apis,
+                &namespace,
+                &set.spec.github_config_secret,
+                false,
+            )
+            .await?;
+        }
+        Step::ReleaseFormerCredentials(secret) => {
+            credentials_finalizer(context, apis, &namespace, &secret, false).await?;
+        }
+        Step::RecordCredentials => {
+            let patch = json!({"metadata": {"annotations": {
+                annotations::CREDENTIALS_SECRET: set.spec.github_config_secret,
+            }}});
+            apis.sets
+                .patch(
+                    &name,
+                    &PatchParams::apply(FIELD_MANAGER),
+                    &Patch::Merge(&patch),
                 )
                 .await
-            } else {
-                finalizer::remove(
-                    &metadata_api,
-                    &secret,
-                    &finalizers::CREDENTIALS_IN_USE,
-                    FIELD_MANAGER,
-                )
-                .await
-            };
-            result.map_err(kube_err(if held {
-                "holding the credentials Secret"
-            } else {
-                "releasing the credentials Secret"
-            }))?;
+                .map_err(kube_err("recording the credentials Secret"))?;
         }
         Step::UpdateScaleSet { id, to } => {
             actions_client(context, set, client)
@@ -218,6 +218,49 @@ enum StatusBody<'a> {
 #[derive(Debug, Serialize)]
 struct StatusPatch<'a> {
     status: StatusBody<'a>,
+}
+
+/// Adds (`hold`) or removes our `credentials-in-use` finalizer on the
+/// Secret `secret`; a Secret that is gone has nothing to hold or release.
+async fn credentials_finalizer<L: ListenerControl, S: ActionsClientSource>(
+    context: &Context<L, S>,
+    apis: &Apis,
+    namespace: &str,
+    secret: &str,
+    hold: bool,
+) -> Result<(), Error> {
+    let Some(found) = apis
+        .secrets
+        .get_metadata_opt(secret)
+        .await
+        .map_err(kube_err("reading the credentials Secret"))?
+    else {
+        return Ok(());
+    };
+    let metadata_api: kube::Api<kube::core::PartialObjectMeta<Secret>> =
+        kube::Api::namespaced(context.client.clone(), namespace);
+    let result = if hold {
+        finalizer::add(
+            &metadata_api,
+            &found,
+            &finalizers::CREDENTIALS_IN_USE,
+            FIELD_MANAGER,
+        )
+        .await
+    } else {
+        finalizer::remove(
+            &metadata_api,
+            &found,
+            &finalizers::CREDENTIALS_IN_USE,
+            FIELD_MANAGER,
+        )
+        .await
+    };
+    result.map_err(kube_err(if hold {
+        "holding the credentials Secret"
+    } else {
+        "releasing the credentials Secret"
+    }))
 }
 
 async fn write_status(

@@ -13,8 +13,8 @@ use kube::api::{Api, ListParams};
 
 use super::apply::{actions_err, kube_err};
 use super::plan::{
-    DeletionObserved, Need, Observed, RunnerCounts, RunnerObserved, RunnerSetObserved,
-    RunnerSetState, ServiceScaleSet, TemplateVerdict,
+    DeletionObserved, FormerCredentials, Need, Observed, RunnerCounts, RunnerObserved,
+    RunnerSetObserved, RunnerSetState, ServiceScaleSet, TemplateVerdict,
 };
 use super::{Context, Error, github_target};
 use crate::actions::{ActionsClient, ActionsError};
@@ -66,6 +66,8 @@ pub(super) struct Observation<'a, L, S> {
     pub client: Option<ActionsClient>,
     /// Whether the credentials Secret is held, read once.
     credentials_held: Option<bool>,
+    /// The Secret the set held before its spec named another, read once.
+    former_credentials: Option<FormerCredentials>,
     /// What the plan decides from.
     pub observed: Observed,
 }
@@ -85,8 +87,10 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
             .await
             .map_err(kube_err("reading the EphemeralRunnerSet"))?;
         let credentials_held = credentials_held(&set, apis).await?;
+        let former_credentials = former_credentials(&set, apis).await?;
         let mut observed = observed(&set, runner_set.as_ref(), context, verdict.clone());
         observed.credentials_held = credentials_held;
+        observed.former_credentials = former_credentials.clone();
         Ok(Self {
             context,
             apis,
@@ -95,6 +99,7 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
             verdict,
             client: None,
             credentials_held,
+            former_credentials,
             observed,
         })
     }
@@ -149,6 +154,7 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
                     self.verdict.clone(),
                 );
                 self.observed.credentials_held = self.credentials_held;
+                self.observed.former_credentials = self.former_credentials.clone();
             }
         }
         self.observed.from_api_server = true;
@@ -297,6 +303,9 @@ fn observed<L: ListenerControl, S>(
         capped: capped(set, context.runner_cap),
         scale_set_lost,
         credentials_held: None,
+        credentials_recorded: set.annotations().get(annotations::CREDENTIALS_SECRET)
+            == Some(&set.spec.github_config_secret),
+        former_credentials: None,
         now: jiff::Timestamp::now(),
     }
 }
@@ -475,6 +484,52 @@ async fn credentials_held(set: &AutoscalingRunnerSet, apis: &Apis) -> Result<Opt
     }))
 }
 
+/// The Secret `set` records holding when its spec now names another: its
+/// name, whether it still carries our finalizer, and (only then worth a
+/// list) whether another set names it.
+async fn former_credentials(
+    set: &AutoscalingRunnerSet,
+    apis: &Apis,
+) -> Result<Option<FormerCredentials>, Error> {
+    let Some(name) = set
+        .annotations()
+        .get(annotations::CREDENTIALS_SECRET)
+        .filter(|name| **name != set.spec.github_config_secret)
+    else {
+        return Ok(None);
+    };
+    let held = apis
+        .secrets
+        .get_metadata_opt(name)
+        .await
+        .map_err(kube_err("reading the former credentials Secret"))?
+        .is_some_and(|secret| finalizer::held(&secret, &finalizers::CREDENTIALS_IN_USE));
+    let shared = held && named_by_another(set, name, apis).await?;
+    Ok(Some(FormerCredentials {
+        name: name.clone(),
+        held,
+        shared,
+    }))
+}
+
+/// Whether a set other than `set` in its namespace names the Secret `name`;
+/// a set being deleted counts too: its teardown needs the Secret until it
+/// is gone (the last set to go releases it).
+async fn named_by_another(
+    set: &AutoscalingRunnerSet,
+    name: &str,
+    apis: &Apis,
+) -> Result<bool, Error> {
+    Ok(apis
+        .sets
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_err("listing the scale sets"))?
+        .items
+        .iter()
+        .any(|other| other.uid() != set.uid() && other.spec.github_config_secret == name))
+}
+
 /// What [`super::plan::plan_deletion`] decides from: the EphemeralRunnerSet,
 /// the runners of the set (by label, or owned by the EphemeralRunnerSet),
 /// whether the credentials Secret exists, and the listener.
@@ -521,19 +576,8 @@ pub(super) async fn deletion<L: ListenerControl, S>(
         .as_ref()
         .is_some_and(|secret| finalizer::held(secret, &finalizers::CREDENTIALS_IN_USE));
     // Only worth a list when there is something to release.
-    let credentials_shared = credentials_held
-        && apis
-            .sets
-            .list(&ListParams::default())
-            .await
-            .map_err(kube_err("listing the scale sets"))?
-            .items
-            .iter()
-            // A set being deleted counts too: its teardown needs the
-            // Secret until it is gone (the last set to go releases it).
-            .any(|other| {
-                other.uid() != set.uid() && other.spec.github_config_secret == secret_name
-            });
+    let credentials_shared = credentials_held && named_by_another(set, &secret_name, apis).await?;
+    let former_credentials = former_credentials(set, apis).await?;
     Ok(DeletionObserved {
         listener_running: context.listeners.running(&namespace, &name).is_some(),
         runner_set: runner_set.as_ref().map(|r| RunnerSetState {
@@ -546,6 +590,7 @@ pub(super) async fn deletion<L: ListenerControl, S>(
         credentials_held,
         credentials_shared,
         secret_name,
+        former_credentials,
         force: set
             .annotations()
             .get(annotations::FORCE_DELETE)

@@ -67,6 +67,9 @@ pub struct DeletionObserved {
     pub credentials_shared: bool,
     /// The name of the credentials Secret (for the message).
     pub secret_name: String,
+    /// The Secret the set records holding, when its spec now names another
+    /// (changed and deleted before a reconcile let go of the former).
+    pub former_credentials: Option<super::FormerCredentials>,
     /// Whether an admin asked to force the deletion
     /// ([`annotations::FORCE_DELETE`]).
     pub force: bool,
@@ -164,6 +167,13 @@ pub fn plan_deletion(observed: &DeletionObserved) -> DeletionPlan {
     if observed.credentials_held && !observed.credentials_shared {
         steps.push(Step::ReleaseCredentials);
     }
+    if let Some(former) = observed
+        .former_credentials
+        .as_ref()
+        .filter(|f| f.to_release())
+    {
+        steps.push(Step::ReleaseFormerCredentials(former.name.clone()));
+    }
     steps.push(Step::RemoveFinalizer);
     DeletionPlan {
         steps,
@@ -242,6 +252,7 @@ mod tests {
             credentials_held: false,
             credentials_shared: false,
             secret_name: "github-auth".into(),
+            former_credentials: None,
             force: false,
             conditions: Vec::new(),
             generation: Some(2),

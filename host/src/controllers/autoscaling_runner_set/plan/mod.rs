@@ -55,7 +55,9 @@
 //!    exists, so deleting both together (`helm uninstall`) still leaves
 //!    the teardown its credentials; a deletion releases it once the scale
 //!    set is gone from the service, unless another set names the same
-//!    Secret (tests: `... credentials ...`).
+//!    Secret; the set records the Secret it holds, so one its spec no
+//!    longer names (rotated credentials) is let go of once the new one is
+//!    held (tests: `... credentials ...`).
 //! 9. **One scale set, one set**: a scale set found by name whose id
 //!    another AutoscalingRunnerSet records is not adopted; the set waits,
 //!    saying which set holds it ([`conflicted`]); and a scale set the
@@ -259,6 +261,12 @@ pub enum Step {
     /// Remove it: the scale set is gone from the service and no other set
     /// names the Secret.
     ReleaseCredentials,
+    /// Remove it from this Secret, which the set held before its spec named
+    /// another, and which no other set names.
+    ReleaseFormerCredentials(String),
+    /// Record the spec's Secret as the one the set holds
+    /// ([`annotations::CREDENTIALS_SECRET`](crate::api::annotations::CREDENTIALS_SECRET)).
+    RecordCredentials,
     /// Bring the scale set's name, runner group and labels in line.
     UpdateScaleSet {
         /// Its id.
@@ -373,8 +381,31 @@ pub struct Observed {
     /// `None` when there is nothing to hold (the Secret is absent, or
     /// already being deleted, when no finalizer can be added).
     pub credentials_held: Option<bool>,
+    /// Whether the set records its spec's Secret as the one it holds
+    /// ([`annotations::CREDENTIALS_SECRET`](crate::api::annotations::CREDENTIALS_SECRET)).
+    pub credentials_recorded: bool,
+    /// The Secret the set records holding, when its spec now names another.
+    pub former_credentials: Option<FormerCredentials>,
     /// Now, for the conditions' transition times.
     pub now: Timestamp,
+}
+
+/// A credentials Secret the set held before its spec named another.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FormerCredentials {
+    /// Its name.
+    pub name: String,
+    /// Whether it still carries our finalizer.
+    pub held: bool,
+    /// Whether another set names it, which then keeps it held.
+    pub shared: bool,
+}
+
+impl FormerCredentials {
+    /// Whether this set is the one to let go of it.
+    pub fn to_release(&self) -> bool {
+        self.held && !self.shared
+    }
 }
 
 /// Decides one round of a reconcile of a live (not deleting)
@@ -409,6 +440,20 @@ fn decide(observed: &Observed) -> Plan {
     // with the set is still there for its teardown.
     if observed.credentials_held == Some(false) && !written_before_asking {
         steps.push(Step::HoldCredentials);
+    }
+    // Rule 8: a Secret the spec no longer names is let go once the new one
+    // is held, and the set records which one it holds.
+    if observed.credentials_held.is_some() && !written_before_asking {
+        if let Some(former) = observed
+            .former_credentials
+            .as_ref()
+            .filter(|f| f.to_release())
+        {
+            steps.push(Step::ReleaseFormerCredentials(former.name.clone()));
+        }
+        if !observed.credentials_recorded {
+            steps.push(Step::RecordCredentials);
+        }
     }
     if let TemplateVerdict::Rejected(violations) = &observed.template {
         return rejected(observed, steps, violations);

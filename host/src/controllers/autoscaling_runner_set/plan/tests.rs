@@ -139,6 +139,8 @@ fn settled() -> Observed {
         capped: None,
         scale_set_lost: false,
         credentials_held: Some(true),
+        credentials_recorded: true,
+        former_credentials: None,
         now: at(100),
     }
 }
@@ -869,4 +871,58 @@ fn a_stalled_reconcile_says_why_once_and_a_settled_one_clears_it() {
         }),
         done(vec![write(running(2, at(0)))]),
     )]);
+}
+
+#[test]
+fn a_secret_the_spec_no_longer_names_is_let_go_unless_another_set_names_it() {
+    let former = |held, shared| FormerCredentials {
+        name: "old-auth".into(),
+        held,
+        shared,
+    };
+    check(vec![
+        (
+            "a set that never recorded its Secret records it",
+            Box::new(|o| o.credentials_recorded = false),
+            done(vec![Step::RecordCredentials]),
+        ),
+        (
+            "the spec names a new Secret: it is held, the old one let go",
+            Box::new(move |o| {
+                o.credentials_held = Some(false);
+                o.credentials_recorded = false;
+                o.former_credentials = Some(former(true, false));
+            }),
+            done(vec![
+                Step::HoldCredentials,
+                Step::ReleaseFormerCredentials("old-auth".into()),
+                Step::RecordCredentials,
+            ]),
+        ),
+        (
+            "another set names the old Secret: it stays held",
+            Box::new(move |o| {
+                o.credentials_recorded = false;
+                o.former_credentials = Some(former(true, true));
+            }),
+            done(vec![Step::RecordCredentials]),
+        ),
+        (
+            "the old Secret no longer carries the finalizer: nothing to release",
+            Box::new(move |o| {
+                o.credentials_recorded = false;
+                o.former_credentials = Some(former(false, false));
+            }),
+            done(vec![Step::RecordCredentials]),
+        ),
+        (
+            "no Secret to hold yet: nothing is recorded or let go",
+            Box::new(move |o| {
+                o.credentials_held = None;
+                o.credentials_recorded = false;
+                o.former_credentials = Some(former(true, false));
+            }),
+            done(vec![]),
+        ),
+    ]);
 }
