@@ -53,7 +53,9 @@ enum Task {
     /// `cargo xtask bench scale --jobs N --max-runners M [--job-ms MS]
     /// [--seed S]` runs the scale benchmark instead: N jobs through one
     /// scale set against the release build of `arcwright run`, one line of
-    /// figures (`bench scale --help` for its flags).
+    /// figures (`bench scale --help` for its flags). `cargo xtask bench
+    /// fleet [--sets S] [--runners N]` builds S scale sets of N idle
+    /// runners each and reports the host's memory (`bench fleet --help`).
     Bench {
         /// Extra arguments for `cargo bench` (e.g. a benchmark filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -111,6 +113,14 @@ fn run(cli: Cli) -> Result<()> {
             // Figures are only worth reporting from an optimised host.
             run_stack_binary(
                 "bench-scale",
+                Profile::Release,
+                args.into_iter().skip(1).collect(),
+            )
+        }
+        Task::Bench { args } if args.first().map(String::as_str) == Some("fleet") => {
+            setup()?;
+            run_stack_binary(
+                "bench-fleet",
                 Profile::Release,
                 args.into_iter().skip(1).collect(),
             )

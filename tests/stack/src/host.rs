@@ -100,6 +100,8 @@ pub struct Usage {
     pub cpu: Duration,
     /// The peak resident set (`VmHWM`), in bytes.
     pub peak_rss_bytes: u64,
+    /// The resident set now (`VmRSS`), in bytes.
+    pub rss_bytes: u64,
 }
 
 impl HostProcess {
@@ -247,7 +249,8 @@ fn serving_address(log: &str) -> Option<String> {
 }
 
 /// CPU (utime + stime, fields 14 and 15 of `stat`, after the command name
-/// in parentheses, which may itself hold spaces) and `VmHWM` from `status`.
+/// in parentheses, which may itself hold spaces), and `VmHWM` and `VmRSS`
+/// from `status`.
 fn parse_usage(stat: &str, status: &str, ticks_per_second: u64) -> Option<Usage> {
     let after_name = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = after_name.split_whitespace().collect();
@@ -257,16 +260,19 @@ fn parse_usage(stat: &str, status: &str, ticks_per_second: u64) -> Option<Usage>
     let ticks = utime + stime;
     let cpu = Duration::from_secs(ticks / ticks_per_second)
         + Duration::from_nanos((ticks % ticks_per_second) * 1_000_000_000 / ticks_per_second);
-    let kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
+    let kib = |field: &str| -> Option<u64> {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(field))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
     Some(Usage {
         cpu,
-        peak_rss_bytes: kib * 1024,
+        peak_rss_bytes: kib("VmHWM:")? * 1024,
+        rss_bytes: kib("VmRSS:")? * 1024,
     })
 }
 
@@ -282,6 +288,7 @@ mod tests {
         let usage = parse_usage(stat, status, 100).unwrap();
         assert_eq!(usage.cpu, Duration::from_secs(3));
         assert_eq!(usage.peak_rss_bytes, 40 * 1024 * 1024);
+        assert_eq!(usage.rss_bytes, 30000 * 1024);
         assert_eq!(parse_usage("garbage", status, 100), None);
     }
 

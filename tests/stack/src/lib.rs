@@ -21,6 +21,7 @@ pub mod audit;
 pub mod bench;
 pub mod demo;
 pub mod faults;
+pub mod fleet;
 mod host;
 pub mod identity;
 pub mod ledger;
@@ -646,6 +647,25 @@ pub fn run_until_interrupted<T>(work: impl std::future::Future<Output = Result<T
             _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
         }
     })
+}
+
+/// The whole `main` of a stack binary that prints one report: `work` run
+/// until it ends or Ctrl-C arrives, its report on stdout, or its error
+/// (with causes) on stderr after `label:`, and the exit code to match.
+pub fn report_main<T: std::fmt::Display>(
+    label: &str,
+    work: impl std::future::Future<Output = Result<T>>,
+) -> std::process::ExitCode {
+    match run_until_interrupted(work) {
+        Ok(report) => {
+            println!("{report}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("{label}: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 async fn create_namespace(client: kube::Client, name: &str) -> Result<String> {

@@ -18,19 +18,10 @@ struct Args {
 
 fn main() -> ExitCode {
     let options = Args::parse().options;
-    let result = arcwright_stack::run_until_interrupted(bench::run(&options, &|line| {
-        eprintln!("bench: {line}")
-    }));
-    match result {
-        Ok(report) => {
-            println!("{report}");
-            ExitCode::SUCCESS
-        }
-        Err(error) => {
-            eprintln!("bench: {error:#}");
-            ExitCode::FAILURE
-        }
-    }
+    arcwright_stack::report_main(
+        "bench",
+        bench::run(&options, &|line| eprintln!("bench: {line}")),
+    )
 }
 
 #[cfg(test)]
