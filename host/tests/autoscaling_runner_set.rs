@@ -1074,3 +1074,56 @@ async fn a_secret_the_spec_no_longer_names_is_released_and_can_be_deleted() {
     })
     .await;
 }
+
+/// Creates the set with `spec` changed by `change`, and waits until it is
+/// stalled; the condition.
+async fn stalled_by(h: &Harness, change: impl FnOnce(&mut Value)) -> Condition {
+    let mut spec = h.spec(template(json!(null)));
+    change(&mut spec);
+    let set: AutoscalingRunnerSet = serde_json::from_value(json!({
+        "apiVersion": "arcwright.dev/v1alpha1",
+        "kind": "AutoscalingRunnerSet",
+        "metadata": {"name": NAME},
+        "spec": spec,
+    }))
+    .unwrap();
+    h.sets().create(&PostParams::default(), &set).await.unwrap();
+    stalled_until(h, "the set is stalled", |_| true).await
+}
+
+#[tokio::test]
+async fn an_app_key_that_is_not_a_key_is_stalled_as_unusable_credentials_without_the_key() {
+    let h = Harness::start("ars-stalled-app-key").await;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "app-auth"},
+        "stringData": {
+            "github_app_id": "12345",
+            "github_app_installation_id": "67890",
+            "github_app_private_key": "SECRET-MATERIAL-that-is-no-pem",
+        },
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(h.env.client(), h.env.namespace())
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let condition = stalled_by(&h, |spec| spec["githubConfigSecret"] = json!("app-auth")).await;
+    assert_eq!(
+        condition.reason,
+        StalledReason::CredentialsUnusable.as_str()
+    );
+    assert!(
+        condition.message.contains("github_app_private_key"),
+        "{}",
+        condition.message
+    );
+    assert!(
+        !condition.message.contains("SECRET-MATERIAL"),
+        "{}",
+        condition.message
+    );
+    assert!(
+        h.fake.control().scale_sets().is_empty(),
+        "nothing registered"
+    );
+}
