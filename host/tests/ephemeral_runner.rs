@@ -741,6 +741,27 @@ async fn a_registration_made_just_before_its_secret_failed_is_found_and_removed_
         )
         .await
         .unwrap();
+    // A policy takes effect once the API server's admission has loaded it,
+    // a moment after its creation: wait for a refused Secret, the proof.
+    let secrets: Api<Secret> = Api::namespaced(world.env.client(), world.env.namespace());
+    let mut probes = 0;
+    eventually("the policy refuses Secrets", WAIT, || {
+        probes += 1;
+        let probe: Secret = serde_json::from_value(json!({
+            "metadata": {"name": format!("probe-{probes}")},
+        }))
+        .unwrap();
+        let secrets = secrets.clone();
+        async move {
+            match secrets.create(&PostParams::default(), &probe).await {
+                Err(kube::Error::Api(status)) if status.message.contains("no secrets today") => {
+                    Some(())
+                }
+                _ => None,
+            }
+        }
+    })
+    .await;
     world.create_runner("r-orphan").await;
     world
         .fake
