@@ -926,18 +926,7 @@ async fn stalled_notes(h: &Harness) -> Vec<String> {
 #[tokio::test]
 async fn a_set_whose_credentials_are_missing_is_stalled_says_why_and_recovers() {
     let h = Harness::start("ars-stalled-credentials").await;
-    let mut spec = h.spec(template(json!(null)));
-    spec["githubConfigSecret"] = json!("other-auth");
-    let set: AutoscalingRunnerSet = serde_json::from_value(json!({
-        "apiVersion": "arcwright.dev/v1alpha1",
-        "kind": "AutoscalingRunnerSet",
-        "metadata": {"name": NAME},
-        "spec": spec,
-    }))
-    .unwrap();
-    h.sets().create(&PostParams::default(), &set).await.unwrap();
-
-    let condition = stalled_until(&h, "the set is stalled", |_| true).await;
+    let condition = stalled_by(&h, |spec| spec["githubConfigSecret"] = json!("other-auth")).await;
     assert_eq!(condition.status, "True");
     assert_eq!(
         condition.reason,
@@ -990,18 +979,10 @@ async fn a_set_whose_service_cannot_be_reached_says_why_with_the_cause() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port();
     drop(closed);
-    let mut spec = h.spec(template(json!(null)));
-    spec["githubConfigUrl"] = json!(format!("http://127.0.0.1:{port}/octo-org"));
-    let set: AutoscalingRunnerSet = serde_json::from_value(json!({
-        "apiVersion": "arcwright.dev/v1alpha1",
-        "kind": "AutoscalingRunnerSet",
-        "metadata": {"name": NAME},
-        "spec": spec,
-    }))
-    .unwrap();
-    h.sets().create(&PostParams::default(), &set).await.unwrap();
-
-    let condition = stalled_until(&h, "the set is stalled", |_| true).await;
+    let condition = stalled_by(&h, |spec| {
+        spec["githubConfigUrl"] = json!(format!("http://127.0.0.1:{port}/octo-org"));
+    })
+    .await;
     assert_eq!(condition.reason, StalledReason::ActionsUnavailable.as_str());
     // The cause, not only "error sending request".
     assert!(
@@ -1054,13 +1035,17 @@ async fn a_secret_the_spec_no_longer_names_is_released_and_can_be_deleted() {
         },
     )
     .await;
-    let set = h.sets().get(NAME).await.unwrap();
-    assert_eq!(
-        set.annotations()
+    // The set records the Secret it holds now (written after the release,
+    // in the same pass).
+    eventually("the set records the new Secret", WAIT, || async {
+        let set = h.sets().get(NAME).await.ok()?;
+        (set.annotations()
             .get(annotations::CREDENTIALS_SECRET)
-            .map(String::as_str),
-        Some("rotated-auth")
-    );
+            .map(String::as_str)
+            == Some("rotated-auth"))
+        .then_some(())
+    })
+    .await;
 
     // The old Secret can go now; the set runs on.
     secrets

@@ -46,7 +46,8 @@ pub mod annotations {
     /// its credentials Secret is gone.
     pub const FORCE_DELETE: &str = "arcwright.dev/force-delete";
     /// The credentials Secret an AutoscalingRunnerSet holds with
-    /// `credentials-in-use`, recorded on the set: when `githubConfigSecret`
+    /// `credentials-in-use`, recorded on the set before the finalizer is
+    /// added: when `githubConfigSecret`
     /// is changed to another Secret (rotated credentials), the one it held
     /// is known, and released unless another set names it; without the
     /// record its finalizer would stay, and deleting it would hang.

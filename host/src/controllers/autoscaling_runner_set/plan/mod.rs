@@ -436,13 +436,10 @@ fn decide(observed: &Observed) -> Plan {
     if !observed.has_finalizer && !written_before_asking {
         steps.push(Step::AddFinalizer);
     }
-    // The credentials stay while the scale set does, so a Secret deleted
-    // with the set is still there for its teardown.
-    if observed.credentials_held == Some(false) && !written_before_asking {
-        steps.push(Step::HoldCredentials);
-    }
-    // Rule 8: a Secret the spec no longer names is let go once the new one
-    // is held, and the set records which one it holds.
+    // Rule 8: the credentials stay while the scale set does, so a Secret
+    // deleted with the set is still there for its teardown. The set records the Secret it holds before holding it, and a
+    // Secret the spec no longer names is let go before the record moves on
+    // from it; a pass cut short anywhere leaves nothing held unrecorded.
     if observed.credentials_held.is_some() && !written_before_asking {
         if let Some(former) = observed
             .former_credentials
@@ -454,6 +451,9 @@ fn decide(observed: &Observed) -> Plan {
         if !observed.credentials_recorded {
             steps.push(Step::RecordCredentials);
         }
+    }
+    if observed.credentials_held == Some(false) && !written_before_asking {
+        steps.push(Step::HoldCredentials);
     }
     if let TemplateVerdict::Rejected(violations) = &observed.template {
         return rejected(observed, steps, violations);

@@ -887,16 +887,16 @@ fn a_secret_the_spec_no_longer_names_is_let_go_unless_another_set_names_it() {
             done(vec![Step::RecordCredentials]),
         ),
         (
-            "the spec names a new Secret: it is held, the old one let go",
+            "the spec names a new Secret: the old one let go, the new one recorded, then held",
             Box::new(move |o| {
                 o.credentials_held = Some(false);
                 o.credentials_recorded = false;
                 o.former_credentials = Some(former(true, false));
             }),
             done(vec![
-                Step::HoldCredentials,
                 Step::ReleaseFormerCredentials("old-auth".into()),
                 Step::RecordCredentials,
+                Step::HoldCredentials,
             ]),
         ),
         (
