@@ -146,7 +146,23 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
                 if fresh.metadata.generation != self.set.metadata.generation {
                     self.verdict = validate(&fresh, self.context).await?;
                 }
+                // What was read of the credentials Secrets belongs to the
+                // Secrets the first copy named; a fresh copy naming others
+                // (a rotation the watch had not shown yet) reads them anew.
+                let names = |set: &AutoscalingRunnerSet| {
+                    (
+                        set.spec.github_config_secret.clone(),
+                        set.annotations()
+                            .get(annotations::CREDENTIALS_SECRET)
+                            .cloned(),
+                    )
+                };
+                let renamed = names(&fresh) != names(&self.set);
                 self.set = Arc::new(fresh);
+                if renamed {
+                    self.credentials_held = credentials_held(&self.set, self.apis).await?;
+                    self.former_credentials = former_credentials(&self.set, self.apis).await?;
+                }
                 self.observed = observed(
                     &self.set,
                     self.runner_set.as_ref(),
