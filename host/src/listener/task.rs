@@ -147,7 +147,19 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
             self.spec.metrics.statistics(&self.labels(), &statistics);
             memory.statistics = Some(statistics);
         }
-        self.decide(decider, memory).await;
+        // Everything between polls races shutdown too. A listener told to
+        // stop may be a leader stepping down, cut off from the API server:
+        // a decision's write would hang there until the client's timeout
+        // (30 s), the session would live on, and the replica taking over
+        // would be refused its own session (409) all that while. Stopping
+        // mid-message loses nothing: jobs not acquired are offered to the
+        // next session, acquired ones are in its statistics, and a record
+        // not written trails its job's start as it may anyway.
+        tokio::select! {
+            biased;
+            () = self.shutdown.cancelled() => return Ended::Shutdown,
+            () = self.decide(decider, memory) => {}
+        }
         let mut last_message_id = 0;
         loop {
             if let Some(received) = memory.message_received.take() {
@@ -176,38 +188,60 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
                 () = self.shutdown.cancelled() => return Ended::Shutdown,
                 polled = session.get_message(last_message_id, self.spec.scale_set.max_runners) => polled,
             };
-            let handled = match polled {
-                Ok(None) => Ok(Vec::new()),
-                Ok(Some(message)) => {
-                    memory.message_received = Some(std::time::Instant::now());
-                    memory.full = message.jobs.len() >= super::SERVICE_BATCH_MAX;
-                    let handled = self.handle(session, &message, memory).await;
-                    // Past a message only once it is acknowledged: one
-                    // whose acknowledgement failed is delivered again.
-                    if handled.is_ok() {
-                        last_message_id = message.id;
-                    }
-                    handled
-                }
-                Err(error) => Err(error),
+            let step = self.step(session, polled, decider, memory, &mut last_message_id);
+            let ended = tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => return Ended::Shutdown,
+                ended = step => ended,
             };
-            let records = match handled {
-                Ok(records) => {
-                    memory.attempt = 0;
-                    records
-                }
-                Err(error) if recovery(&error).new_session => return Ended::Renew(error),
-                Err(error) => {
-                    self.reload_if_refused(&error, session).await;
-                    if !self.pause_after(&error, memory).await {
-                        return Ended::Shutdown;
-                    }
-                    continue;
-                }
-            };
-            self.decide(decider, memory).await;
-            self.record(records).await;
+            if let Some(ended) = ended {
+                return ended;
+            }
         }
+    }
+
+    /// What one poll's answer leads to: the message handled, the decision,
+    /// the job records. `Some` when listening on this session is over.
+    async fn step(
+        &self,
+        session: &MessageSession,
+        polled: Result<Option<crate::actions::Message>, ActionsError>,
+        decider: &Decider,
+        memory: &mut Memory,
+        last_message_id: &mut i64,
+    ) -> Option<Ended> {
+        let handled = match polled {
+            Ok(None) => Ok(Vec::new()),
+            Ok(Some(message)) => {
+                memory.message_received = Some(std::time::Instant::now());
+                memory.full = message.jobs.len() >= super::SERVICE_BATCH_MAX;
+                let handled = self.handle(session, &message, memory).await;
+                // Past a message only once it is acknowledged: one
+                // whose acknowledgement failed is delivered again.
+                if handled.is_ok() {
+                    *last_message_id = message.id;
+                }
+                handled
+            }
+            Err(error) => Err(error),
+        };
+        let records = match handled {
+            Ok(records) => {
+                memory.attempt = 0;
+                records
+            }
+            Err(error) if recovery(&error).new_session => return Some(Ended::Renew(error)),
+            Err(error) => {
+                self.reload_if_refused(&error, session).await;
+                if !self.pause_after(&error, memory).await {
+                    return Some(Ended::Shutdown);
+                }
+                return None;
+            }
+        };
+        self.decide(decider, memory).await;
+        self.record(records).await;
+        None
     }
 
     /// Handles one message in ARC's order, acknowledge then acquire, and

@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 use crate::error::ServiceError;
 use crate::model::{
     Counters, Fault, JobSnapshot, JobSpec, Ledger, RunnerSnapshot, RuntimeSettings,
-    ScaleSetSnapshot, SettingsPatch,
+    ScaleSetSnapshot, SessionHistory, SettingsPatch,
 };
 use crate::server::Shared;
 
@@ -155,6 +155,11 @@ impl Control {
     /// Every scale set, by id.
     pub fn scale_sets(&self) -> Vec<ScaleSetSnapshot> {
         self.shared.read(|s| s.scale_set_summaries())
+    }
+
+    /// Every session, conflict and acquisition so far.
+    pub fn session_history(&self) -> SessionHistory {
+        self.shared.read(|s| s.session_history())
     }
 
     /// Whether the scale set has an active message session.

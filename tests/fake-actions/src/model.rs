@@ -5,7 +5,7 @@
 //! so a demo script and a Rust test describe the same job the same way.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
@@ -320,6 +320,76 @@ impl Counters {
     pub fn total_calls(&self) -> u64 {
         self.0.values().map(|c| c.calls).sum()
     }
+}
+
+/// Every message session the service held and every job acquisition, so a
+/// test can say who listened for a scale set when: two listeners for one
+/// set (a leader that did not step down) show as overlapping sessions or as
+/// conflicts, and a job acquired by a listener that should have stopped
+/// shows as an acquisition through its session.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionHistory {
+    /// Every session ever created, oldest first.
+    pub sessions: Vec<SessionRecord>,
+    /// Session creations refused because the set had a live session.
+    pub conflicts: Vec<SessionConflict>,
+    /// Every `acquirejobs` call that acquired at least one job.
+    pub acquisitions: Vec<Acquisition>,
+}
+
+impl SessionHistory {
+    /// The sessions of one scale set, oldest first.
+    pub fn of_scale_set(&self, scale_set_id: u64) -> impl Iterator<Item = &SessionRecord> {
+        self.sessions
+            .iter()
+            .filter(move |s| s.scale_set_id == scale_set_id)
+    }
+
+    /// The session `id`.
+    pub fn session(&self, id: &str) -> Option<&SessionRecord> {
+        self.sessions.iter().find(|s| s.id == id)
+    }
+}
+
+/// One message session's life.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    /// The session id.
+    pub id: String,
+    /// Its scale set.
+    pub scale_set_id: u64,
+    /// The `ownerName` its creator gave.
+    pub owner: String,
+    /// When it was created.
+    pub created: SystemTime,
+    /// How many message polls it received.
+    pub polls: u64,
+    /// When its last poll began.
+    pub last_poll: Option<SystemTime>,
+    /// When it was deleted or expired; `None` while it lives.
+    pub ended: Option<SystemTime>,
+}
+
+/// A session creation refused with 409 because another lived.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionConflict {
+    /// When.
+    pub at: SystemTime,
+    /// The scale set.
+    pub scale_set_id: u64,
+    /// The `ownerName` of the refused creator.
+    pub owner: String,
+}
+
+/// Jobs acquired through one session's queue token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Acquisition {
+    /// When.
+    pub at: SystemTime,
+    /// The session whose token made the call.
+    pub session: String,
+    /// The jobs acquired.
+    pub jobs: Vec<u64>,
 }
 
 /// Where a job is in its life, as the control API reports it.

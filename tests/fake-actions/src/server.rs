@@ -587,6 +587,7 @@ async fn get_message(
     };
     let capacity = max_capacity(&headers)?;
     shared.write_when(|s| s.set_max_capacity(scale_set, capacity), |c| *c);
+    shared.write_when(|s| s.note_poll(&session), |_| false);
     let found = shared
         .long_poll(shared.settings.long_poll, |shared| {
             // Re-checked on every wake-up: a session dropped or a token
@@ -637,12 +638,17 @@ async fn acquire_jobs(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ServiceError> {
-    let owner = queue_caller(&shared, &headers, None)?;
+    let token = credential(&headers, &["bearer"]).ok_or(ServiceError::MissingCredentials)?;
+    let (session, owner) = shared.read(|s| s.check_queue_token(token))?;
     if owner != scale_set {
         return Err(ServiceError::InvalidCredentials);
     }
     let ids: Vec<u64> = parse(&body)?;
-    let acquired = shared.write(|s| s.acquire(scale_set, &ids));
+    let acquired = shared.write(|s| {
+        let acquired = s.acquire(scale_set, &ids);
+        s.note_acquisition(&session, &acquired);
+        acquired
+    });
     Ok(ok(json!({"count": acquired.len(), "value": acquired})))
 }
 

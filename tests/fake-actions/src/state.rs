@@ -34,7 +34,7 @@
 //! no earlier than the one before it, so the durations are never negative.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -45,8 +45,9 @@ use crate::endpoint::Endpoint;
 use crate::error::ServiceError;
 use crate::jit::JitConfig;
 use crate::model::{
-    Counters, Fault, FaultKind, JobOutcome, JobPhase, JobSnapshot, JobSpec, Ledger, MAX_REQUEUES,
-    RunnerSnapshot, RuntimeSettings, ScaleSetSnapshot, VanishedJobPolicy,
+    Acquisition, Counters, Fault, FaultKind, JobOutcome, JobPhase, JobSnapshot, JobSpec, Ledger,
+    MAX_REQUEUES, RunnerSnapshot, RuntimeSettings, ScaleSetSnapshot, SessionConflict,
+    SessionHistory, SessionRecord, VanishedJobPolicy,
 };
 
 /// The job and runner counts a listener scales on, as the service reports
@@ -315,6 +316,7 @@ pub(crate) struct State {
     ledger: Ledger,
     counters: Counters,
     faults: Vec<Fault>,
+    history: SessionHistory,
 }
 
 fn now_rfc3339() -> String {
@@ -356,6 +358,7 @@ impl State {
             ledger: Ledger::default(),
             counters: Counters::default(),
             faults: Vec::new(),
+            history: SessionHistory::default(),
         }
     }
 
@@ -1364,6 +1367,11 @@ impl State {
                 .get(&old)
                 .map(|s| now.duration_since(s.last_polled).unsigned_abs());
             if idle.is_some_and(|idle| idle < self.settings.session_idle_expiry) {
+                self.history.conflicts.push(SessionConflict {
+                    at: now.into(),
+                    scale_set_id: scale_set,
+                    owner: owner.to_owned(),
+                });
                 return Err(ServiceError::SessionConflict { id: scale_set });
             }
             self.end_session(&old, true);
@@ -1382,6 +1390,15 @@ impl State {
                 last_polled: now,
             },
         );
+        self.history.sessions.push(SessionRecord {
+            id: id.clone(),
+            scale_set_id: scale_set,
+            owner: owner.to_owned(),
+            created: now.into(),
+            polls: 0,
+            last_poll: None,
+            ended: None,
+        });
         if let Some(set) = self.scale_sets.get_mut(&scale_set) {
             set.session = Some(id.clone());
         }
@@ -1480,6 +1497,9 @@ impl State {
     /// "not found", as a session the service timed out does.
     fn end_session(&mut self, id: &str, expired: bool) {
         if let Some(session) = self.sessions.remove(id) {
+            if let Some(record) = self.history.sessions.iter_mut().rev().find(|r| r.id == id) {
+                record.ended = Some(SystemTime::now());
+            }
             self.queue_tokens.remove(&session.queue_token);
             if let Some(set) = self.scale_sets.get_mut(&session.scale_set)
                 && set.session.as_deref() == Some(id)
@@ -1523,6 +1543,29 @@ impl State {
     }
 
     /// The session (and its scale set) a queue token belongs to.
+    /// Notes that a poll of session `id` began.
+    pub(crate) fn note_poll(&mut self, id: &str) {
+        if let Some(record) = self.history.sessions.iter_mut().rev().find(|r| r.id == id) {
+            record.polls += 1;
+            record.last_poll = Some(SystemTime::now());
+        }
+    }
+
+    /// Notes that session `session` acquired `jobs`.
+    pub(crate) fn note_acquisition(&mut self, session: &str, jobs: &[u64]) {
+        if !jobs.is_empty() {
+            self.history.acquisitions.push(Acquisition {
+                at: SystemTime::now(),
+                session: session.to_owned(),
+                jobs: jobs.to_vec(),
+            });
+        }
+    }
+
+    pub(crate) fn session_history(&self) -> SessionHistory {
+        self.history.clone()
+    }
+
     pub(crate) fn check_queue_token(&self, token: &str) -> Result<(String, u64), ServiceError> {
         match self.queue_tokens.get(token) {
             Some((_, true)) => Err(ServiceError::TokenExpired),

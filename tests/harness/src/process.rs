@@ -67,6 +67,17 @@ impl Supervised {
         args: &[String],
         log: PathBuf,
     ) -> Result<Self, HarnessError> {
+        Self::start_with_env(name, program, args, &[], log)
+    }
+
+    /// [`Supervised::start`] with `env` added to the inherited environment.
+    pub fn start_with_env(
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        log: PathBuf,
+    ) -> Result<Self, HarnessError> {
         let out = File::create(&log).map_err(|source| HarnessError::Io {
             path: log.clone(),
             source,
@@ -78,6 +89,7 @@ impl Supervised {
         let mut command = Command::new(program);
         command
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);

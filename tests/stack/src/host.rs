@@ -107,14 +107,15 @@ pub struct Usage {
 impl HostProcess {
     /// Starts `binary run --kubeconfig K --namespace NS --listen-address
     /// 127.0.0.1:0 --log-format json --allow-plain-http` (the fake speaks
-    /// plain http) plus `extra`, output to `log`, and waits until it says
-    /// where it serves.
+    /// plain http) plus `extra`, with `env` added to its environment,
+    /// output to `log`, and waits until it says where it serves.
     pub async fn start(
         binary: &Path,
         kubeconfig: &Path,
         namespace: &str,
         log: PathBuf,
         extra: &[String],
+        env: &[(&str, &str)],
     ) -> Result<Self> {
         let mut args: Vec<String> = [
             "run",
@@ -131,7 +132,7 @@ impl HostProcess {
         .map(str::to_owned)
         .to_vec();
         args.extend(extra.iter().cloned());
-        let mut process = Supervised::start("arcwright", binary, &args, log.clone())
+        let mut process = Supervised::start_with_env("arcwright", binary, &args, env, log.clone())
             .with_context(|| format!("starting {}", binary.display()))?;
         // Each look either finds the address, finds the process gone (an
         // answer too: there is nothing left to wait for), or looks again.

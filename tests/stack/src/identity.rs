@@ -27,15 +27,19 @@ pub fn username(namespace: &str) -> String {
     format!("system:serviceaccount:{namespace}:{SERVICE_ACCOUNT}")
 }
 
-/// Creates the ServiceAccount and its binding, asks for a token, and writes
-/// a kubeconfig with it to `dir/host-kubeconfig` (mode 0600: it holds a
-/// credential, and is never printed). Returns its path.
-pub async fn host_kubeconfig(
+/// The host's ServiceAccount token, and how to write kubeconfigs with it.
+pub struct HostIdentity {
+    token: String,
+    ca: PathBuf,
+    namespace: String,
+}
+
+/// Creates the ServiceAccount and its binding and asks for a token.
+pub async fn host_identity(
     client: kube::Client,
     plane: &arcwright_harness::ControlPlane,
     namespace: &str,
-    dir: &Path,
-) -> Result<PathBuf> {
+) -> Result<HostIdentity> {
     let apply = PatchParams::apply("arcwright-stack").force();
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
     let account: ServiceAccount = serde_json::from_value(serde_json::json!({
@@ -66,19 +70,30 @@ pub async fn host_kubeconfig(
         .context("asking for the host's token")?
         .status
         .context("the token request has a status")?
-        .token;
-    let ca = plane.data_dir().join("certs").join("ca.crt");
-    let kubeconfig = serde_json::json!({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "stack", "cluster": {"server": plane.server(), "certificate-authority": ca}}],
-        "users": [{"name": "arcwright", "user": {"token": token}}],
-        "contexts": [{"name": "stack", "context": {"cluster": "stack", "user": "arcwright", "namespace": namespace}}],
-        "current-context": "stack",
-    });
-    let path = dir.join("host-kubeconfig");
-    write_private(&path, &serde_yaml::to_string(&kubeconfig)?)
-        .with_context(|| format!("writing {}", path.display()))?;
-    Ok(path)
+        .token
+        .context("the token request returned a token")?;
+    Ok(HostIdentity {
+        token,
+        ca: plane.data_dir().join("certs").join("ca.crt"),
+        namespace: namespace.to_owned(),
+    })
+}
+
+impl HostIdentity {
+    /// Writes a kubeconfig that reaches the API server at `server` (the
+    /// server itself, or a relay in front of it) to `path`, mode 0600: it
+    /// holds a credential, and is never printed.
+    pub fn write_kubeconfig(&self, server: &str, path: &Path) -> Result<()> {
+        let kubeconfig = serde_json::json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "stack", "cluster": {"server": server, "certificate-authority": self.ca}}],
+            "users": [{"name": "arcwright", "user": {"token": self.token}}],
+            "contexts": [{"name": "stack", "context": {"cluster": "stack", "user": "arcwright", "namespace": self.namespace}}],
+            "current-context": "stack",
+        });
+        write_private(path, &serde_yaml::to_string(&kubeconfig)?)
+            .with_context(|| format!("writing {}", path.display()))
+    }
 }
 
 fn write_private(path: &Path, text: &str) -> std::io::Result<()> {

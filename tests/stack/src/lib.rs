@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use arcwright::api::{AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
-use arcwright_harness::ControlPlane;
+use arcwright_harness::{ControlPlane, TcpRelay};
 use fake_actions::{Endpoint, FakeActions, FakeConfig, JobSpec};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
@@ -80,6 +80,10 @@ pub struct StackConfig {
     /// Extra API server flags. Any makes the stack start a control plane
     /// of its own (with an audit log), as `audit` does.
     pub apiserver_args: Vec<String>,
+    /// Send the host's API server traffic through a [`TcpRelay`] the test
+    /// can cut ([`Stack::host_relay`]); replicas started with
+    /// [`Stack::start_replica`] reach the server directly.
+    pub host_relay: bool,
 }
 
 impl StackConfig {
@@ -93,6 +97,7 @@ impl StackConfig {
             binary: None,
             host_args: Vec::new(),
             apiserver_args: Vec::new(),
+            host_relay: false,
         }
     }
 }
@@ -176,6 +181,9 @@ pub struct Stack {
     client: kube::Client,
     namespace: String,
     host_kubeconfig: PathBuf,
+    /// The host's kubeconfig without the relay, for replicas.
+    direct_kubeconfig: PathBuf,
+    relay: Option<TcpRelay>,
     binary: PathBuf,
     host_args: Vec<String>,
     audit_log: Option<PathBuf>,
@@ -198,6 +206,7 @@ impl Stack {
             binary,
             host_args,
             apiserver_args,
+            host_relay,
         } = config;
         let binary = match binary {
             Some(binary) => binary,
@@ -253,8 +262,25 @@ impl Stack {
             },
         )
         .context("starting the runner simulator")?;
-        let host_kubeconfig =
-            identity::host_kubeconfig(client.clone(), plane.get(), &namespace, dir.path()).await?;
+        let identity = identity::host_identity(client.clone(), plane.get(), &namespace).await?;
+        let direct_kubeconfig = dir.path().join("host-kubeconfig");
+        identity.write_kubeconfig(plane.get().server(), &direct_kubeconfig)?;
+        let (host_kubeconfig, relay) = if host_relay {
+            let upstream = plane
+                .get()
+                .server()
+                .trim_start_matches("https://")
+                .parse()
+                .context("the API server's address")?;
+            let relay = TcpRelay::start(upstream)
+                .await
+                .context("starting the host's relay")?;
+            let path = dir.path().join("host-kubeconfig-relayed");
+            identity.write_kubeconfig(&format!("https://{}", relay.address()), &path)?;
+            (path, Some(relay))
+        } else {
+            (direct_kubeconfig.clone(), None)
+        };
         let mut stack = Stack {
             host: None,
             sim,
@@ -262,6 +288,8 @@ impl Stack {
             client,
             namespace,
             host_kubeconfig,
+            direct_kubeconfig,
+            relay,
             binary,
             host_args,
             audit_log,
@@ -281,21 +309,47 @@ impl Stack {
             bail!("a host runs already");
         }
         self.starts += 1;
-        let log = self
-            .dir
-            .path()
-            .join(format!("arcwright-{}.log", self.starts));
+        let name = format!("arcwright-{}", self.starts);
+        let host = self.start_process(&name, &self.host_kubeconfig).await?;
+        self.host = Some(host);
+        Ok(())
+    }
+
+    /// Starts another replica beside the host, with the same flags but
+    /// reaching the API server directly, and waits until it is ready. Its
+    /// message sessions' owner (and its Lease identity's prefix) is `name`;
+    /// the host's are `arcwright-N`, N counting its starts. The caller owns
+    /// the process: dropping it stops it.
+    pub async fn start_replica(&self, name: &str) -> Result<HostProcess> {
+        self.start_process(name, &self.direct_kubeconfig).await
+    }
+
+    async fn start_process(&self, name: &str, kubeconfig: &Path) -> Result<HostProcess> {
+        let log = self.dir.path().join(format!("{name}.log"));
         let mut host = HostProcess::start(
             &self.binary,
-            &self.host_kubeconfig,
+            kubeconfig,
             &self.namespace,
             log,
             &self.host_args,
+            // What a pod's downward API gives it: the Lease lives in the
+            // stack's namespace, and sessions name their replica.
+            &[("HOSTNAME", name), ("POD_NAMESPACE", &self.namespace)],
         )
         .await?;
         host.ready().await?;
-        self.host = Some(host);
-        Ok(())
+        Ok(host)
+    }
+
+    /// The relay the host's API server traffic goes through, with
+    /// [`StackConfig::host_relay`].
+    pub fn host_relay(&self) -> Option<&TcpRelay> {
+        self.relay.as_ref()
+    }
+
+    /// The running host, to ask whether it still runs.
+    pub fn host_mut(&mut self) -> Option<&mut HostProcess> {
+        self.host.as_mut()
     }
 
     /// Kills the host with SIGKILL: no shutdown code runs.

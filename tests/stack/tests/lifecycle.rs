@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use arcwright::api::{AutoscalingRunnerSet, AutoscalingRunnerSetPhase};
 use arcwright::policy::PolicyKind;
@@ -361,5 +361,124 @@ async fn a_thirty_second_actions_outage_is_ridden_out() {
 
     stack.jobs_succeeded(5).await.unwrap();
     stack.settled_at(0).await.unwrap();
+    stack.check_ledger(5).await.unwrap();
+}
+
+/// Two replicas; the leader's API server traffic goes through a relay the
+/// test cuts, as a partition would, while the Actions service stays
+/// reachable. The leader must step down before its Lease can pass: stop
+/// polling and delete its sessions, so the standby's listener is the only
+/// one and no job is taken by a replica that no longer leads.
+#[tokio::test]
+async fn a_leader_cut_off_from_the_api_server_stops_listening_before_the_standby_leads() {
+    const LEASE: Duration = Duration::from_secs(10);
+    const LEADER: &str = "arcwright-1";
+    const STANDBY: &str = "standby";
+    let mut config = StackConfig::new("leader");
+    config.host_relay = true;
+    config.host_args = vec![
+        "--leader-elect".into(),
+        "--lease-duration".into(),
+        format!("{}s", LEASE.as_secs()),
+    ];
+    let mut stack = Stack::start(config).await.expect("the stack starts");
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(stack.client(), stack.namespace());
+    let holder = || async {
+        leases
+            .get_opt("arcwright-controller")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+    };
+    stack
+        .until("the host leads", || async {
+            holder().await.filter(|h| h.starts_with(LEADER)).map(drop)
+        })
+        .await
+        .unwrap();
+    let _standby = stack.start_replica(STANDBY).await.unwrap();
+
+    stack
+        .create_scale_set(&ScaleSet::new(SET, 0, 2))
+        .await
+        .unwrap();
+    let id = scale_set_id(&stack.listening(SET).await.unwrap());
+    stack.enqueue(SET, 2, Duration::from_millis(500));
+    stack.jobs_succeeded(2).await.unwrap();
+
+    // The leader's last renewal is at or before the cut; jobs keep coming.
+    let cut = SystemTime::now();
+    stack.host_relay().unwrap().cut();
+    stack.enqueue(SET, 3, Duration::from_millis(500));
+    let taken_over = stack
+        .until("the standby listens", || async {
+            let history = stack.fake().control().session_history();
+            history
+                .of_scale_set(id)
+                .find(|s| s.owner == STANDBY)
+                .cloned()
+        })
+        .await
+        .unwrap();
+    stack
+        .until("the standby leads", || async {
+            holder().await.filter(|h| h.starts_with(STANDBY)).map(drop)
+        })
+        .await
+        .unwrap();
+    stack.jobs_succeeded(5).await.unwrap();
+
+    let history = stack.fake().control().session_history();
+    assert!(
+        history.conflicts.is_empty(),
+        "a session was refused because another lived: {:?}",
+        history.conflicts
+    );
+    let sessions: Vec<_> = history.of_scale_set(id).collect();
+    for pair in sessions.windows(2) {
+        assert!(
+            pair[0].ended.is_some_and(|ended| ended <= pair[1].created),
+            "two sessions at once: {pair:?}"
+        );
+    }
+    let leaders: Vec<_> = sessions.iter().filter(|s| s.owner == LEADER).collect();
+    assert!(!leaders.is_empty(), "{sessions:?}");
+    for session in &leaders {
+        let last_poll = session.last_poll.unwrap_or(session.created);
+        assert!(
+            last_poll < cut + LEASE,
+            "the old leader polled {:?} after the cut, past its lease",
+            last_poll.duration_since(cut).unwrap_or_default()
+        );
+        assert!(session.ended.is_some(), "{session:?}");
+    }
+    for acquisition in &history.acquisitions {
+        if leaders.iter().any(|s| s.id == acquisition.session) {
+            assert!(
+                acquisition.at < taken_over.created,
+                "the old leader acquired {:?} after the standby listened",
+                acquisition.jobs
+            );
+        }
+    }
+    assert!(
+        sessions
+            .last()
+            .is_some_and(|s| s.owner == STANDBY && s.ended.is_none()),
+        "{sessions:?}"
+    );
+
+    // Stepping down ends the process (its pod restarts as a standby).
+    let host = stack.host_mut().unwrap();
+    let exited = arcwright_harness::poll_within(arcwright_stack::WAIT, || {
+        let running = host.is_running();
+        async move { (!running).then_some(()) }
+    })
+    .await;
+    assert!(exited.is_some(), "the old leader still runs");
+    let log = std::fs::read_to_string(stack.host().unwrap().log_path()).unwrap();
+    assert!(log.contains("leadership was lost"), "{log}");
     stack.check_ledger(5).await.unwrap();
 }
