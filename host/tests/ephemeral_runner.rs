@@ -697,71 +697,130 @@ async fn a_warm_up_longer_than_the_registration_timeout_is_not_a_failure() {
     assert_eq!(world.ledger().runners_created, 1);
 }
 
+/// A ValidatingAdmissionPolicy bound to the world's namespace: what
+/// `rules` match is refused with `message` unless `expression` holds. The
+/// API server plays the failure of one write this way, as a crash or an
+/// outage at that point would leave it.
+struct AdmissionPolicy {
+    name: String,
+    message: &'static str,
+    policies: Api<ValidatingAdmissionPolicy>,
+    bindings: Api<ValidatingAdmissionPolicyBinding>,
+}
+
+impl AdmissionPolicy {
+    async fn create(
+        world: &World,
+        what: &str,
+        rules: serde_json::Value,
+        expression: &str,
+        message: &'static str,
+    ) -> Self {
+        let name = format!("{what}-{}", world.env.namespace());
+        let policy = AdmissionPolicy {
+            name,
+            message,
+            policies: Api::all(world.env.client()),
+            bindings: Api::all(world.env.client()),
+        };
+        let spec = json!({
+            "metadata": {"name": policy.name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": rules},
+                "validations": [{"expression": expression, "message": message}],
+            },
+        });
+        policy
+            .policies
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(spec).unwrap(),
+            )
+            .await
+            .unwrap();
+        let binding = json!({
+            "metadata": {"name": policy.name},
+            "spec": {
+                "policyName": policy.name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": world.env.namespace(),
+                }}},
+            },
+        });
+        policy
+            .bindings
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(binding).unwrap(),
+            )
+            .await
+            .unwrap();
+        policy
+    }
+
+    /// Whether `result` is this policy's refusal.
+    fn refused<T>(&self, result: &kube::Result<T>) -> bool {
+        matches!(result, Err(kube::Error::Api(status)) if status.message.contains(self.message))
+    }
+
+    /// A policy takes effect once the API server's admission has loaded
+    /// it, a moment after its creation: waits until `probe` (a write the
+    /// policy refuses, tried again until it is) is refused, the proof.
+    async fn wait_loaded<T, Fut>(&self, mut probe: impl FnMut(u32) -> Fut)
+    where
+        Fut: std::future::Future<Output = kube::Result<T>>,
+    {
+        let mut attempt = 0;
+        eventually("the admission policy refuses", WAIT, || {
+            attempt += 1;
+            let tried = probe(attempt);
+            async move { self.refused(&tried.await).then_some(()) }
+        })
+        .await;
+    }
+
+    async fn remove(self) {
+        let _ = self
+            .bindings
+            .delete(&self.name, &DeleteParams::default())
+            .await;
+        let _ = self
+            .policies
+            .delete(&self.name, &DeleteParams::default())
+            .await;
+    }
+}
+
 #[tokio::test]
 async fn a_registration_made_just_before_its_secret_failed_is_found_and_removed_on_deletion() {
     let world = World::new("registration-orphan", fast_settings()).await;
     // The API server refuses the runner's JIT config Secret, as a crash
     // between registering and storing the config would leave it: the
     // service has a registration the runner records nowhere.
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(world.env.client());
-    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(world.env.client());
-    let name = format!("refuse-secrets-{}", world.env.namespace());
-    policies
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": name},
-                "spec": {
-                    "failurePolicy": "Fail",
-                    "matchConstraints": {"resourceRules": [{
-                        "apiGroups": [""], "apiVersions": ["v1"],
-                        "operations": ["CREATE"], "resources": ["secrets"],
-                    }]},
-                    "validations": [{"expression": "false", "message": "no secrets today"}],
-                },
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    bindings
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": name},
-                "spec": {
-                    "policyName": name,
-                    "validationActions": ["Deny"],
-                    "matchResources": {"namespaceSelector": {"matchLabels": {
-                        "kubernetes.io/metadata.name": world.env.namespace(),
-                    }}},
-                },
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    // A policy takes effect once the API server's admission has loaded it,
-    // a moment after its creation: wait for a refused Secret, the proof.
-    let secrets: Api<Secret> = Api::namespaced(world.env.client(), world.env.namespace());
-    let mut probes = 0;
-    eventually("the policy refuses Secrets", WAIT, || {
-        probes += 1;
-        let probe: Secret = serde_json::from_value(json!({
-            "metadata": {"name": format!("probe-{probes}")},
-        }))
-        .unwrap();
-        let secrets = secrets.clone();
-        async move {
-            match secrets.create(&PostParams::default(), &probe).await {
-                Err(kube::Error::Api(status)) if status.message.contains("no secrets today") => {
-                    Some(())
-                }
-                _ => None,
-            }
-        }
-    })
+    let policy = AdmissionPolicy::create(
+        &world,
+        "refuse-secrets",
+        json!([{
+            "apiGroups": [""], "apiVersions": ["v1"],
+            "operations": ["CREATE"], "resources": ["secrets"],
+        }]),
+        "false",
+        "no secrets today",
+    )
     .await;
+    let secrets = world.secrets();
+    policy
+        .wait_loaded(|attempt| {
+            let probe: Secret = serde_json::from_value(json!({
+                "metadata": {"name": format!("probe-{attempt}")},
+            }))
+            .unwrap();
+            let secrets = secrets.clone();
+            async move { secrets.create(&PostParams::default(), &probe).await }
+        })
+        .await;
     world.create_runner("r-orphan").await;
     world
         .fake
@@ -779,8 +838,105 @@ async fn a_registration_made_just_before_its_secret_failed_is_found_and_removed_
     world.delete_and_wait_gone("r-orphan").await;
     let ledger = world.ledger();
     assert_eq!(ledger.still_registered, 0, "nothing leaked: {ledger:?}");
-    let _ = bindings.delete(&name, &DeleteParams::default()).await;
-    let _ = policies.delete(&name, &DeleteParams::default()).await;
+    policy.remove().await;
+}
+
+#[tokio::test]
+async fn a_recycled_runner_whose_new_registration_was_not_recorded_has_it_removed_on_deletion() {
+    let mut world = World::new("recycle-unrecorded", fast_settings()).await;
+    // The API server refuses any status write that moves a runner's
+    // registration to another, as a crash right after a recycled runner's
+    // new Secret would leave it: the status names the removed
+    // registration, the Secret the live one. Loaded with no controller
+    // running, and proven on a runner nothing else touches.
+    world.crash_controller();
+    let policy = AdmissionPolicy::create(
+        &world,
+        "refuse-reregistration",
+        json!([{
+            "apiGroups": ["arcwright.dev"], "apiVersions": ["*"],
+            "operations": ["UPDATE"], "resources": ["ephemeralrunners/status"],
+        }]),
+        "!has(oldObject.status) || !has(oldObject.status.runnerId) \
+         || oldObject.status.runnerId == 0 \
+         || (has(object.status.runnerId) && object.status.runnerId == oldObject.status.runnerId)",
+        "no new registrations today",
+    )
+    .await;
+    world.create_runner("probe").await;
+    let runners = world.runners();
+    let status = |id: u32| Patch::Merge(json!({"status": {"runnerId": id}}));
+    runners
+        .patch_status("probe", &PatchParams::default(), &status(1))
+        .await
+        .unwrap();
+    policy
+        .wait_loaded(|attempt| {
+            let runners = runners.clone();
+            async move {
+                runners
+                    .patch_status("probe", &PatchParams::default(), &status(attempt + 1))
+                    .await
+            }
+        })
+        .await;
+    runners
+        .delete("probe", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.wait_gone("probe").await;
+    world.start_controller();
+
+    world
+        .create_runner_with("r-idle", |spec| spec.max_idle_age = Some("3s".into()))
+        .await;
+    let first = world
+        .wait_runner("r-idle", "ran", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Running)
+        })
+        .await;
+    let first_id = first.status.unwrap().runner_id;
+    // Recycled past maxIdleAge: the first registration removed, a second
+    // made and stored in the Secret, and its status write refused.
+    let secrets = world.secrets();
+    let second_id = eventually("re-registered, recorded only in the Secret", WAIT, || {
+        let secrets = secrets.clone();
+        async move {
+            let secret = secrets.get_opt("r-idle").await.ok()??;
+            let id = ephemeral_runner::resources::read_jit_secret(&secret)?.runner_id;
+            (id != first_id).then_some(id)
+        }
+    })
+    .await;
+    let runner = world.runners().get("r-idle").await.unwrap();
+    assert_eq!(
+        runner.status.unwrap().runner_id,
+        first_id,
+        "the status names the first"
+    );
+    assert!(
+        world
+            .fake
+            .control()
+            .runners()
+            .iter()
+            .any(|r| r.id == second_id as u64),
+        "the second is registered"
+    );
+
+    // Deleted so: the Secret's registration is the one removed. (While
+    // the policy refuses the status write that records it, the deletion
+    // waits; it is lifted once the deletion is asked for.)
+    world
+        .runners()
+        .delete("r-idle", &DeleteParams::default())
+        .await
+        .unwrap();
+    policy.remove().await;
+    world.wait_gone("r-idle").await;
+    let ledger = world.ledger();
+    assert_eq!(ledger.still_registered, 0, "nothing leaked: {ledger:?}");
+    assert!(world.fake.control().runners().is_empty());
 }
 
 #[tokio::test]

@@ -524,19 +524,22 @@ fn has_runner_container(runner: &EphemeralRunner) -> bool {
         .any(|c| c.name == RUNNER_CONTAINER)
 }
 
-/// The registration the runner's steps are about: the status's, or while
-/// the status names none (a first registration not copied in yet, see
-/// [`Step::Register`]), the Secret's, if it was made for the runner's
-/// current renewal (one of the job before a renewal holds a registration
-/// that is gone).
+/// The registration the runner's steps are about: the Secret's, if it was
+/// made for the runner's current renewal (one of the job before a renewal
+/// holds a registration that is gone), else the status's.
+///
+/// The Secret is the truth because it is written first: a registration is
+/// stored in its Secret before the status records it, so the Secret is never
+/// the older of the two. Where they differ, the status's write failed, or
+/// is not made yet: a first registration is copied in with the next status
+/// write (see [`Step::Register`]); a later one (a runner recycled past
+/// `maxIdleAge`) left the status naming the registration it replaced, which
+/// is removed. Taking the status's then would remove that one again, find
+/// it gone, and delete the Secret holding the live registration: a leak.
 pub fn registration_id(status: &EphemeralRunnerStatus, secret: Option<&SecretView>) -> i64 {
-    if status.runner_id != 0 {
-        status.runner_id
-    } else {
-        secret
-            .filter(|s| s.renewal == status.renewals())
-            .map_or(0, |s| s.runner_id)
-    }
+    secret
+        .filter(|s| s.renewal == status.renewals() && s.runner_id != 0)
+        .map_or(status.runner_id, |s| s.runner_id)
 }
 
 /// The status without a job record that names another registration than
@@ -574,6 +577,19 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings) -> Result<Plan, Need> {
         secret: obs.secret.clone().filter(|s| s.renewal == renewals),
         ..obs.clone()
     };
+    let mut change = status::StatusDraft::new(status);
+    // A registration after the first whose Secret was written but not its
+    // status (see `registration_id`): recorded with this pass's write, and
+    // decided on as recorded already, in every rule, deletion included.
+    let recorded;
+    let status = match current.secret.as_ref() {
+        Some(secret) if status.runner_id != 0 && status.runner_id != secret.runner_id => {
+            change.record_registration(secret.runner_id, &secret.runner_name, obs.now);
+            recorded = change.projected();
+            &recorded
+        }
+        _ => status,
+    };
     let cleared;
     let mut pass = Pass {
         obs: &current,
@@ -581,7 +597,7 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings) -> Result<Plan, Need> {
         settings,
         status,
         runner_id: registration_id(status, current.secret.as_ref()),
-        change: status::StatusDraft::new(status),
+        change,
         plan: Plan::default(),
     };
     let holds_finalizer = finalizer::held(runner, &finalizers::EPHEMERAL_RUNNER);

@@ -11,14 +11,10 @@ use crate::api::ephemeral_runner::{EventReason, PhaseReason, RunnerCondition};
 pub(super) fn absent(pass: &mut Pass<'_>) -> Result<(), Need> {
     let (obs, status) = (pass.obs, pass.status);
     let gone = status.is_true(RunnerCondition::Registered) == Some(false);
-    if let Some(secret) = &obs.secret {
-        if status.runner_id != 0 && status.runner_id != secret.runner_id {
-            // A registration after the first whose Secret was written but
-            // not its status (a crash between the two): the Secret is the
-            // record. (The first is copied with the next status write.)
-            pass.change
-                .record_registration(secret.runner_id, &secret.runner_name, obs.now);
-        } else if gone {
+    if obs.secret.is_some() {
+        // A Secret naming another registration than the status was
+        // recorded before the rules (see `registration_id`).
+        if gone {
             // Its registration is gone (a crash before the Secret was
             // deleted): a pod made from it could not start.
             pass.step(Step::DeleteSecret);

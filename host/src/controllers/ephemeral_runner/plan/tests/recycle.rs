@@ -121,3 +121,44 @@ fn an_idle_runner_past_max_idle_age_gets_a_new_registration_and_pod() {
         vec!["register recorded", "create-pod"]
     );
 }
+
+#[test]
+fn a_new_registration_whose_status_write_failed_is_the_one_removed() {
+    // Recycled: registration 7 removed, the pod and Secret deleted, and 8
+    // registered (its Secret written); the status write that would record
+    // 8 failed, so the status still names 7, gone.
+    let recycled = || {
+        Runner::new()
+            .registered(7)
+            .phase(Running)
+            .max_idle_age("1m")
+            .gone(RegisteredReason::Removed)
+    };
+    // Deleted now: 8 is handed to the pool, and recorded with it; the
+    // Secret holding it goes once the service confirms 8 gone (and the
+    // finalizer once the Secret is).
+    let deleted = || case(recycled().deleting()).secret(8).now(80);
+    assert_eq!(
+        describe(&deleted().steps()),
+        vec![
+            "status runnerId=8 Registered=RemoveNow",
+            "deregister 8",
+            "event Normal Deregistering",
+        ]
+    );
+    let steps = deleted().pool(PoolView::Removed).steps();
+    assert_eq!(
+        kinds(&steps),
+        vec!["status", "event", "count", "delete-secret"],
+        "{steps:?}"
+    );
+    // Not deleted: 8 is recorded and its pod made from the Secret; no
+    // registration is made over it.
+    assert_eq!(
+        describe(&case(recycled()).secret(8).now(80).steps()),
+        vec![
+            "status runnerId=8 Registered=JitConfigCreated",
+            "create-pod"
+        ]
+    );
+}
