@@ -250,6 +250,19 @@ impl World {
 
     /// Deletes the runner as a user (or its set) would, and waits until its
     /// finalizer let it go.
+    /// Creates `name` with a `maxIdleAge` of 3 s and no job for it, and
+    /// waits until it runs; its registration id.
+    async fn idle_runner_with_max_idle_age(&self, name: &str) -> i64 {
+        self.create_runner_with(name, |spec| spec.max_idle_age = Some("3s".into()))
+            .await;
+        let first = self
+            .wait_runner(name, "ran", |r| {
+                phase(r) == Some(EphemeralRunnerPhase::Running)
+            })
+            .await;
+        first.status.unwrap().runner_id
+    }
+
     async fn delete_and_wait_gone(&self, name: &str) {
         self.runners()
             .delete(name, &DeleteParams::default())
@@ -887,15 +900,7 @@ async fn a_recycled_runner_whose_new_registration_was_not_recorded_has_it_remove
     world.wait_gone("probe").await;
     world.start_controller();
 
-    world
-        .create_runner_with("r-idle", |spec| spec.max_idle_age = Some("3s".into()))
-        .await;
-    let first = world
-        .wait_runner("r-idle", "ran", |r| {
-            phase(r) == Some(EphemeralRunnerPhase::Running)
-        })
-        .await;
-    let first_id = first.status.unwrap().runner_id;
+    let first_id = world.idle_runner_with_max_idle_age("r-idle").await;
     // Recycled past maxIdleAge: the first registration removed, a second
     // made and stored in the Secret, and its status write refused.
     let secrets = world.secrets();
@@ -1494,15 +1499,7 @@ async fn a_held_failure_is_posted_to_slack_with_the_job_and_the_buttons() {
 async fn an_idle_runner_past_max_idle_age_gets_a_new_registration_and_pod_registration_first() {
     let world = World::new("max-idle-age", fast_settings()).await;
     // No job is queued: the runner connects and stays idle.
-    world
-        .create_runner_with("r-idle", |spec| spec.max_idle_age = Some("3s".into()))
-        .await;
-    let first = world
-        .wait_runner("r-idle", "ran", |r| {
-            phase(r) == Some(EphemeralRunnerPhase::Running)
-        })
-        .await;
-    let first_id = first.status.unwrap().runner_id;
+    let first_id = world.idle_runner_with_max_idle_age("r-idle").await;
     let first_pod = world.pods().get("r-idle").await.unwrap();
     let fake = world.fake.control();
     let watch = at_pod_deletion(world.pods(), "r-idle", move || fake.runners()).await;
