@@ -17,7 +17,7 @@ use arcwright::api::{
 use arcwright::controllers::ephemeral_runner_set::{self as controller, Context, SetMetrics};
 use arcwright::controllers::kit::Synced;
 use arcwright_harness::{TestEnv, eventually};
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceQuota};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -37,6 +37,7 @@ struct Harness {
     env: TestEnv,
     metrics: SetMetrics,
     controller: Option<JoinHandle<()>>,
+    ctx: Option<Arc<Context>>,
 }
 
 impl Harness {
@@ -51,6 +52,7 @@ impl Harness {
             env,
             metrics: SetMetrics::default(),
             controller: None,
+            ctx: None,
         };
         harness.start();
         harness
@@ -60,6 +62,7 @@ impl Harness {
     /// over from a previous run but the metrics.
     fn start(&mut self) {
         let ctx = Arc::new(Context::new(self.env.client(), self.metrics.clone()));
+        self.ctx = Some(ctx.clone());
         let namespace = self.env.namespace().to_string();
         self.controller = Some(tokio::spawn(async move {
             controller::run(
@@ -362,17 +365,107 @@ fn deleting(runners: &[EphemeralRunner], name: &str) -> bool {
         .any(|r| r.name_any() == name && r.metadata.deletion_timestamp.is_some())
 }
 
+/// Passes of the running controller so far.
+impl Harness {
+    fn reconciles(&self) -> u64 {
+        self.ctx
+            .as_ref()
+            .expect("started")
+            .controller_metrics
+            .reconciles_of("ephemeral-runner-set")
+    }
+}
+
+#[tokio::test]
+async fn a_creation_refused_part_way_is_completed_under_the_same_decision() {
+    let h = Harness::new("ers-quota").await;
+    // A quota of three runners: the API server refuses the fourth, as it
+    // refuses writes under load or an admission webhook refuses one. No
+    // controller manager runs here, so the quota's status (what admission
+    // enforces) is written by hand; admission keeps its usage after.
+    let quotas: Api<ResourceQuota> = Api::namespaced(h.env.client(), h.env.namespace());
+    const RESOURCE: &str = "count/ephemeralrunners.arcwright.dev";
+    let quota = |hard: &str| -> ResourceQuota {
+        serde_json::from_value(json!({
+            "metadata": {"name": "runners"},
+            "spec": {"hard": {RESOURCE: hard}},
+            "status": {"hard": {RESOURCE: hard}, "used": {RESOURCE: "0"}},
+        }))
+        .unwrap()
+    };
+    let created = quotas
+        .create(&PostParams::default(), &quota("3"))
+        .await
+        .unwrap();
+    quotas
+        .replace_status(
+            "runners",
+            &PostParams::default(),
+            &ResourceQuota {
+                metadata: created.metadata,
+                ..quota("3")
+            },
+        )
+        .await
+        .unwrap();
+
+    h.create_set(5, 4).await;
+    h.until_runners("three runners", |r| r.len() == 3).await;
+    // Two passes more: the one that met the refusal has ended, and one
+    // after it tried again. (A set that took the decision as acted on by
+    // the three would try nothing more until the next decision.)
+    let after = h.reconciles() + 1;
+    eventually("the set trying again", WITHIN, || async {
+        (h.reconciles() > after).then_some(())
+    })
+    .await;
+    let runners = h.runners().await;
+    assert!(
+        runners
+            .iter()
+            .all(|r| annotation(r, annotations::PATCH_ID) == "0"),
+        "no runner marks the decision acted on before it is complete"
+    );
+
+    // Room for two more: the same decision, no new patch id, is completed.
+    let mut room = quotas.get("runners").await.unwrap();
+    let hard = k8s_openapi::apimachinery::pkg::api::resource::Quantity("10".into());
+    room.spec.as_mut().unwrap().hard = Some([(RESOURCE.to_owned(), hard.clone())].into());
+    let room = quotas
+        .replace("runners", &PostParams::default(), &room)
+        .await
+        .unwrap();
+    let mut status = room.clone();
+    status.status.as_mut().unwrap().hard = Some([(RESOURCE.to_owned(), hard)].into());
+    quotas
+        .replace_status("runners", &PostParams::default(), &status)
+        .await
+        .unwrap();
+    let runners = h.until_runners("five runners", |r| r.len() == 5).await;
+    let marked: Vec<_> = runners
+        .iter()
+        .filter(|r| annotation(r, annotations::PATCH_ID) == "4")
+        .collect();
+    assert_eq!(marked.len(), 1, "the runner that completed the decision");
+}
+
 #[tokio::test]
 async fn scale_up_creates_the_runners_asked_for() {
     let h = Harness::new("ers-scale-up").await;
     let set = h.create_set(3, 4).await;
     let runners = h.until_runners("three runners", |r| r.len() == 3).await;
+    // The decision is acted on in full: its last runner says so.
+    let mut patch_ids: Vec<_> = runners
+        .iter()
+        .map(|r| annotation(r, annotations::PATCH_ID))
+        .collect();
+    patch_ids.sort_unstable();
+    assert_eq!(patch_ids, ["0", "0", "4"]);
     for runner in &runners {
         let owner = &runner.owner_references()[0];
         assert_eq!(owner.uid, set.uid().unwrap());
         assert_eq!(owner.controller, Some(true));
         assert!(runner.name_any().starts_with("linux-runner-"));
-        assert_eq!(annotation(runner, annotations::PATCH_ID), "4");
         assert_eq!(annotation(runner, annotations::REVISION), "1");
         assert_eq!(runner.spec, set.spec.ephemeral_runner_spec);
     }

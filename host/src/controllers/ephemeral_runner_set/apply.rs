@@ -118,8 +118,13 @@ impl<'a> Apply<'a> {
             .map(drop)
     }
 
-    /// Creates one runner of `creation`.
-    pub async fn create(&self, creation: Creation) -> Result<(), Error> {
+    /// Creates one runner of `creation`, recording `patch_id` on it
+    /// ([`Creation::patch_id_of`]).
+    pub async fn create(&self, creation: Creation, patch_id: i32) -> Result<(), Error> {
+        let creation = Creation {
+            patch_id,
+            ..creation
+        };
         self.runners
             .create(&post_params(), &new_runner(self.set, creation))
             .await

@@ -36,7 +36,7 @@ use crate::controllers::kit::{ErrorLabel, relist};
 use crate::controllers::metrics::ControllerMetrics;
 use apply::Apply;
 use observe::Observed;
-use plan::{Need, Plan, RenewalStep, Tried, Written};
+use plan::{Creation, Need, Plan, RenewalStep, Tried, Written};
 
 pub use error::Error;
 pub use metrics::SetMetrics;
@@ -169,8 +169,12 @@ async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Ac
     // counts say.
     let not_renewed = renew_runners(&apply, &observed, &plan).await;
     if let Some(creation) = plan.creation(not_renewed.count) {
-        for _ in 0..creation.count {
-            apply.create(creation).await?;
+        // One after another: the last, the one that completes the decision,
+        // carries its patch id only once all before it exist (rule 9).
+        for index in 0..creation.count {
+            apply
+                .create(creation, creation.patch_id_of(index, creation.count))
+                .await?;
         }
     }
     if let Some(error) = not_renewed.first {
@@ -243,6 +247,12 @@ async fn renew_runners(apply: &Apply<'_>, observed: &Observed, plan: &Plan) -> N
     let mut not_renewed = NotRenewed::default();
     let Some(under) = plan.create else {
         return not_renewed;
+    };
+    // The renewals complete the decision only when no creation follows
+    // them; a creation that makes up for one that failed then does.
+    let under = Creation {
+        patch_id: under.patch_id_of(0, 1 + under.count),
+        ..under
     };
     for name in &plan.renew {
         let Some(mut runner) = observed.runner(name).cloned() else {

@@ -65,10 +65,21 @@
 //!    written once more if it is still renewable; a renewal that does not
 //!    go through is made up for by a creation under the same decision
 //!    ([`renewal`], [`Plan::creation`]).
-//! 9. A status whose only change is the runner counts is written at most
-//!    once a second ([`counts_deferred`]); events report the deletions off
-//!    the everyday path and the status changes people wait on
-//!    ([`Plan::deletion_events`], [`Plan::status_events`]).
+//! 9. A decision is acted on only in full. A pass creates at most
+//!    [`CREATION_BATCH`] runners, and only the write that completes the
+//!    decision (the last creation of the pass that completes it, or its
+//!    renewals when no creation is left) carries the decision's patch id;
+//!    the others carry 0, which no decision has. A pass that stops short (the
+//!    batch is full, a creation failed, the API server refused one) thus
+//!    leaves the decision armed, and the next pass, reading the runners
+//!    from the API server, creates the rest. Were every runner to carry the
+//!    id, one created before a failure would mark the decision acted on,
+//!    and the runners after it would never be made: jobs left waiting
+//!    until the listener's next decision, if one came.
+//! 10. A status whose only change is the runner counts is written at most
+//!     once a second ([`counts_deferred`]); events report the deletions off
+//!     the everyday path and the status changes people wait on
+//!     ([`Plan::deletion_events`], [`Plan::status_events`]).
 
 use std::time::Duration;
 
@@ -84,6 +95,13 @@ pub use renewal::{Need, RenewalStep, Tried, Written, renewal};
 /// How soon a set whose cleanup waits on runners being deleted looks again.
 /// Deletions wake it through the owned watch; this is the safety net.
 pub const CLEANUP_POLL: Duration = Duration::from_secs(10);
+
+/// The most runners one pass creates. A decision for more is applied over
+/// several passes, one after another (rule 9): a pass stays short, so a
+/// set's deletion, a spec change or a scale-down is seen between batches
+/// rather than after thousands of writes, and one set does not hold a
+/// worker for minutes.
+pub const CREATION_BATCH: i32 = 100;
 
 /// How often a settled set is looked at even if nothing wakes it: the
 /// eventual-consistency net for a missed watch event.
@@ -151,7 +169,7 @@ pub struct SetView {
     /// replace a succeeded runner, as ARC would.
     pub decision_applied: bool,
     /// How long ago this controller last wrote the status, if it remembers
-    /// (rule 9). Kept in memory: after a restart the first write is never
+    /// (rule 10). Kept in memory: after a restart the first write is never
     /// put off.
     pub since_status_written: Option<Duration>,
 }
@@ -261,6 +279,23 @@ pub struct Creation {
     pub revision: i64,
     /// The set generation they are built from.
     pub set_generation: i64,
+    /// Whether these creations (or, with none, the renewals made under
+    /// them) complete the decision: only then does the write that
+    /// completes it carry its patch id (rule 9).
+    pub completes: bool,
+}
+
+impl Creation {
+    /// The patch id recorded on the runner written `index`-th of `count`
+    /// (creations, or renewals when no creation follows): the decision's
+    /// on the last write that completes it, 0 on every other.
+    pub fn patch_id_of(&self, index: i32, count: i32) -> i32 {
+        if self.completes && index + 1 >= count {
+            self.patch_id
+        } else {
+            0
+        }
+    }
 }
 
 /// What to do, in the order the apply layer does it: finalizer, deletions,
@@ -281,7 +316,7 @@ pub struct Plan {
     /// Events to publish once the deletions are made.
     pub deletion_events: Vec<Notice>,
     /// The status to write, when it differs from the current one and is
-    /// not put off (rule 9). It carries the applied revision, so it is
+    /// not put off (rule 10). It carries the applied revision, so it is
     /// written only after the deletions and creations succeeded.
     pub status: Option<EphemeralRunnerSetStatus>,
     /// Events to publish once the status is written.
@@ -404,19 +439,27 @@ pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
     } else {
         total
     };
+    let mut requeue = if cleanup_done { RESYNC } else { CLEANUP_POLL };
+    let mut completes = true;
     if scaling && !acted_on && filled < set.replicas {
         let wanted = usize::try_from(set.replicas - filled).unwrap_or(0);
         renew.extend(renewable.by_ref().take(wanted).map(|r| r.name.clone()));
+        // Rule 9: a batch at most; the next pass, at once, makes the rest.
+        let missing = set.replicas - filled - i32::try_from(renew.len()).unwrap_or(i32::MAX);
+        completes = missing <= CREATION_BATCH;
+        if !completes {
+            requeue = Duration::ZERO;
+        }
         // Even when renewals cover it all (a count of 0): a renewal that
         // fails is made up for by a creation of the same decision.
         create = Some(Creation {
-            count: set.replicas - filled - i32::try_from(renew.len()).unwrap_or(i32::MAX),
+            count: missing.min(CREATION_BATCH),
             patch_id: set.patch_id,
             revision: applied,
             set_generation: set.generation,
+            completes,
         });
     }
-    let mut requeue = if cleanup_done { RESYNC } else { CLEANUP_POLL };
     for r in renewable {
         let waited = r.renewable_for.unwrap_or(RENEWAL_WINDOW);
         if set.patch_id == 0 || waited >= RENEWAL_WINDOW {
@@ -456,7 +499,8 @@ pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
         create,
         status,
         requeue: deferred.map_or(requeue, |wait| wait.min(requeue)),
-        decided: (scaling && set.patch_id != 0).then_some(set.generation),
+        // A decision is applied once a pass completes it (rule 9).
+        decided: (scaling && set.patch_id != 0 && completes).then_some(set.generation),
         ..Plan::default()
     }
 }

@@ -93,7 +93,8 @@ fn scale_up_creates_the_missing_runners_with_the_patch_id_and_revision() {
             count: 2,
             patch_id: 4,
             revision: 1,
-            set_generation: 3
+            set_generation: 3,
+            completes: true
         })
     );
     assert!(p.delete.is_empty());
@@ -108,6 +109,63 @@ fn a_patch_id_already_acted_on_creates_nothing() {
     // Patch 0 is never "acted on": it always reconciles the count.
     let p = plan(&set(3, 0), &[runner("a").running().patch(0)]);
     assert_eq!(created(&p), 2);
+}
+
+#[test]
+fn a_decision_for_more_than_a_batch_is_created_over_passes_and_acted_on_only_in_full() {
+    let ids =
+        |c: Creation| -> Vec<i32> { (0..c.count).map(|i| c.patch_id_of(i, c.count)).collect() };
+    // 250 wanted, none there: a batch, which does not complete the
+    // decision; looked at again at once.
+    let p = plan(&set(250, 4), &[]);
+    let first = p.create.unwrap();
+    assert_eq!((first.count, first.completes), (CREATION_BATCH, false));
+    assert_eq!(p.requeue, Duration::ZERO);
+    assert_eq!(p.decided, None, "not applied yet");
+    // None of its runners carries the decision's id, so the next pass
+    // does not take the decision as acted on.
+    assert!(ids(first).iter().all(|id| *id == 0));
+    let mut made: Vec<RunnerView> = (0..200)
+        .map(|i| runner(&format!("r{i}")).patch(0))
+        .collect();
+    let p = plan(&set(250, 4), &made);
+    let last = p.create.unwrap();
+    assert_eq!((last.count, last.completes), (50, true));
+    // The last runner of the batch that completes it carries the id.
+    let last_ids = ids(last);
+    assert_eq!(last_ids[49], 4);
+    assert!(last_ids[..49].iter().all(|id| *id == 0));
+    assert_eq!(p.decided, Some(3));
+    assert_ne!(p.requeue, Duration::ZERO);
+    // Then the decision is acted on: a runner of it that ends is not
+    // replaced until the next decision, as in ARC.
+    made.extend((200..249).map(|i| runner(&format!("r{i}")).patch(0)));
+    made.push(runner("r249").patch(4));
+    made.remove(0);
+    assert_eq!(created(&plan(&set(250, 4), &made)), 0);
+}
+
+#[test]
+fn a_creation_cut_short_leaves_its_decision_armed() {
+    // Five wanted; three made before the API server refused the fourth.
+    // They carry 0, so the next pass makes the other two under the same
+    // decision (with every runner carrying 4, they would never be made).
+    let made = [
+        runner("a").patch(0),
+        runner("b").patch(0),
+        runner("c").patch(0),
+    ];
+    let p = plan(&set(5, 4), &made);
+    let c = p.create.unwrap();
+    assert_eq!((c.count, c.completes), (2, true));
+    assert_eq!((c.patch_id_of(0, 2), c.patch_id_of(1, 2)), (0, 4));
+    // A pass made of renewals alone completes the decision with them.
+    let renewals_only = Creation {
+        count: 0,
+        completes: true,
+        ..c
+    };
+    assert_eq!(renewals_only.patch_id_of(0, 1), 4);
 }
 
 #[test]
@@ -306,7 +364,8 @@ fn a_renewal_refused_is_made_up_for_by_a_creation_of_the_same_decision() {
             count: 1,
             patch_id: 4,
             revision: 1,
-            set_generation: 3
+            set_generation: 3,
+            completes: true
         })
     );
     // On top of what the plan creates anyway.
@@ -563,7 +622,8 @@ fn a_revision_is_applied_only_once_its_deleted_runners_are_gone() {
             count: 1,
             patch_id: 0,
             revision: 2,
-            set_generation: 3
+            set_generation: 3,
+            completes: true
         }),
         "new runners are built from the applied revision"
     );
