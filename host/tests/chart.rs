@@ -249,6 +249,88 @@ fn controller_flags_and_default_policies_follow_values() {
 }
 
 #[test]
+fn the_debug_endpoint_gets_a_port_of_its_own_and_tls_from_a_secret() {
+    let objects = render_ok(
+        &controller_chart(),
+        &[
+            "--set",
+            "debugEndpoint.enabled=true",
+            "--set",
+            "debugEndpoint.port=9443",
+            "--set",
+            "debugEndpoint.tlsSecretName=arcwright-debug-tls",
+        ],
+    );
+    let pod = &one(&objects, "Deployment")["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let parsed = RunCommand::try_parse_from(args.iter().copied())
+        .unwrap_or_else(|err| panic!("the chart's arguments {args:?} are refused: {err}"));
+    let http = &parsed.options.http;
+    assert_eq!(
+        http.debug_listen_address,
+        Some("0.0.0.0:9443".parse().unwrap())
+    );
+    let cert = http.debug_tls_cert_file.as_ref().expect("a certificate");
+    let key = http.debug_tls_key_file.as_ref().expect("a key");
+    // The files are where the Secret's volume puts them.
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "debug-tls")
+        .expect("the certificate's mount");
+    let dir = Path::new(mount["mountPath"].as_str().unwrap());
+    assert_eq!(cert, &dir.join("tls.crt"));
+    assert_eq!(key, &dir.join("tls.key"));
+    assert_eq!(mount["readOnly"], true);
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "debug-tls")
+        .expect("the certificate's volume");
+    assert_eq!(volume["secret"]["secretName"], "arcwright-debug-tls");
+    let ports = container["ports"].as_array().unwrap();
+    assert!(
+        ports
+            .iter()
+            .any(|p| p["name"] == "debug" && p["containerPort"] == 9443),
+        "{ports:?}"
+    );
+    let service = one(&objects, "Service");
+    assert!(
+        service["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "debug" && p["targetPort"] == "debug"),
+        "{service}"
+    );
+
+    // Without a Secret: the port, plain HTTP, no certificate flags.
+    let objects = render_ok(
+        &controller_chart(),
+        &["--set", "debugEndpoint.enabled=true"],
+    );
+    let rendered = serde_json::to_string(one(&objects, "Deployment")).unwrap();
+    assert!(
+        rendered.contains("--debug-listen-address=0.0.0.0:8443"),
+        "{rendered}"
+    );
+    assert!(!rendered.contains("debug-tls"), "{rendered}");
+    // Off (the default): nothing of it.
+    let objects = render_ok(&controller_chart(), &[]);
+    let rendered = serde_json::to_string(&objects).unwrap();
+    assert!(!rendered.contains("debug"), "{rendered}");
+}
+
+#[test]
 fn rbac_grants_the_listed_rules_cluster_wide_or_per_watched_namespace() {
     // Which rules there are is proven against the code's calls, with RBAC
     // enforced, in scale_set.rs; here, where the chart binds them.
@@ -698,7 +780,17 @@ async fn charts_install_into_a_real_api_server_which_accepts_every_object() {
     // Release names are unique per test namespace, so cluster-scoped names
     // (ClusterRoles) cannot collide with another run on the same plane.
     let controller = format!("ctl-{}", &ns[ns.len().saturating_sub(6)..]);
-    install(&env, &controller, &controller_chart(), &[]);
+    install(
+        &env,
+        &controller,
+        &controller_chart(),
+        &[
+            "--set",
+            "debugEndpoint.enabled=true",
+            "--set",
+            "debugEndpoint.tlsSecretName=arcwright-debug-tls",
+        ],
+    );
     let fullname = format!("{controller}-arcwright");
 
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
