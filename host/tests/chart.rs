@@ -79,6 +79,24 @@ fn named<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
 }
 
 /// Whether `rules` grant `verb` on `group`/`resource`.
+/// The controller container's arguments.
+fn container_args(container: &Value) -> Vec<&str> {
+    container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect()
+}
+
+/// The arguments as `arcwright run` parses them, with the very options
+/// struct the binary uses, so a renamed flag fails here rather than in a
+/// crash-looping pod.
+fn parse_run(args: &[&str]) -> RunCommand {
+    RunCommand::try_parse_from(args.iter().copied())
+        .unwrap_or_else(|err| panic!("the chart's arguments {args:?} are refused: {err}"))
+}
+
 fn grants(rules: &Value, group: &str, resource: &str, verb: &str) -> bool {
     let has = |list: &Value, item: &str| {
         list.as_array()
@@ -171,12 +189,7 @@ fn controller_flags_and_default_policies_follow_values() {
     );
     let pod = &one(&objects, "Deployment")["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
-    let args: Vec<&str> = container["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
+    let args = container_args(container);
     for expected in [
         "--namespace=ci",
         "--namespace=nightly",
@@ -190,8 +203,7 @@ fn controller_flags_and_default_policies_follow_values() {
     // the very options struct the binary uses, so a renamed flag fails here
     // rather than in a crash-looping pod.
     assert_eq!(args[0], "run");
-    let parsed = RunCommand::try_parse_from(args.iter().copied())
-        .unwrap_or_else(|err| panic!("the chart's arguments {args:?} are refused: {err}"));
+    let parsed = parse_run(&args);
     assert_eq!(parsed.options.controllers.reconcile_concurrency, 3);
     assert_eq!(container["ports"][0]["containerPort"], 9090);
     assert_eq!(one(&objects, "Deployment")["spec"]["replicas"], 3);
@@ -263,14 +275,8 @@ fn the_debug_endpoint_gets_a_port_of_its_own_and_tls_from_a_secret() {
     );
     let pod = &one(&objects, "Deployment")["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
-    let args: Vec<&str> = container["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
-    let parsed = RunCommand::try_parse_from(args.iter().copied())
-        .unwrap_or_else(|err| panic!("the chart's arguments {args:?} are refused: {err}"));
+    let args = container_args(container);
+    let parsed = parse_run(&args);
     let http = &parsed.options.http;
     assert_eq!(
         http.debug_listen_address,
