@@ -1112,3 +1112,70 @@ async fn an_app_key_that_is_not_a_key_is_stalled_as_unusable_credentials_without
         "nothing registered"
     );
 }
+
+#[tokio::test]
+async fn a_pod_validation_policy_that_cannot_be_loaded_stalls_the_set_saying_which_and_why() {
+    let h = Harness::start("ars-stalled-policy").await;
+    // An unknown builtin.
+    let condition = stalled_by(&h, |spec| {
+        spec["podValidationPolicy"] = json!({"builtin": "no-such-policy"});
+    })
+    .await;
+    assert_eq!(condition.reason, StalledReason::PolicyUnavailable.as_str());
+    assert!(
+        condition.message.contains("no-such-policy"),
+        "{}",
+        condition.message
+    );
+    // A ConfigMap that does not exist.
+    h.patch_spec(json!({"podValidationPolicy": {
+        "builtin": null,
+        "configMapRef": {"name": "checks"},
+    }}))
+    .await;
+    let condition = stalled_until(&h, "the missing ConfigMap is named", |c| {
+        c.message.contains("checks") && c.message.contains("does not exist")
+    })
+    .await;
+    assert_eq!(condition.reason, StalledReason::PolicyUnavailable.as_str());
+    // A ConfigMap without the module.
+    let config_map: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "checks"},
+        "data": {"notes": "the module was never added"},
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(h.env.client(), h.env.namespace())
+        .create(&PostParams::default(), &config_map)
+        .await
+        .unwrap();
+    stalled_until(&h, "the missing key is named", |c| {
+        c.message.contains("no binaryData key")
+    })
+    .await;
+    // Told in an event too. (Events of one reason on one object are one
+    // series, which carries the first note.)
+    let notes = eventually("a Stalled event", WAIT, || async {
+        let notes = stalled_notes(&h).await;
+        (!notes.is_empty()).then_some(notes)
+    })
+    .await;
+    assert!(
+        notes
+            .iter()
+            .all(|n| n.starts_with("PolicyUnavailable") && n.contains("pod validation")),
+        "{notes:?}"
+    );
+    // Nothing registered while the template could not be judged.
+    assert!(h.fake.control().scale_sets().is_empty());
+
+    // The reference goes: the bundled default judges, and the set runs.
+    h.patch_spec(json!({"podValidationPolicy": null})).await;
+    h.set_until("the set runs and is not stalled", |set| {
+        phase(set) == Some(AutoscalingRunnerSetPhase::Running)
+            && set
+                .status
+                .as_ref()
+                .is_some_and(|s| !s.conditions.iter().any(|c| c.type_ == STALLED_CONDITION))
+    })
+    .await;
+}

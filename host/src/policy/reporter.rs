@@ -8,7 +8,7 @@
 //! specific is wired) and [`RecordingReporter`], which keeps the events in
 //! memory for code that wants to look at them afterwards, tests included.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::PolicyKind;
@@ -188,8 +188,146 @@ impl PolicyReporter for RecordingReporter {
     }
 }
 
+/// Whether a reference's own policy decides, as far as what was reported
+/// while it loaded tells.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Loading {
+    /// Nothing reported yet: a ConfigMap's first version is still on its
+    /// way (or the reference names nothing, and the default decides).
+    #[default]
+    Pending,
+    /// A version loaded, and it (or a later good one) decides; a version
+    /// that failed after it leaves it deciding.
+    Loaded,
+    /// No version ever loaded: the bundled default stands in.
+    Failed {
+        /// The short reason label.
+        reason: String,
+        /// The full error.
+        message: String,
+    },
+}
+
+/// Remembers [`Loading`] for one loaded reference and forwards every
+/// event to `inner`.
+///
+/// For a controller that must not let the bundled default stand in
+/// silently: the pod-validation policy is a gate an admin chose, and a
+/// typo in a ConfigMap's name must not let the default accept a template
+/// the admin's policy refuses. Scaling keeps the fallback: a default
+/// deciding is better than no runners.
+pub struct LoadState {
+    inner: Arc<dyn PolicyReporter>,
+    state: tokio::sync::watch::Sender<Loading>,
+}
+
+impl LoadState {
+    /// A state with nothing reported yet, forwarding to `inner`.
+    pub fn new(inner: Arc<dyn PolicyReporter>) -> Self {
+        Self {
+            inner,
+            state: tokio::sync::watch::Sender::new(Loading::Pending),
+        }
+    }
+
+    /// What was reported so far.
+    pub fn current(&self) -> Loading {
+        self.state.borrow().clone()
+    }
+
+    /// Waits up to `within` for something other than [`Loading::Pending`];
+    /// what there is then.
+    pub async fn settled(&self, within: Duration) -> Loading {
+        let mut state = self.state.subscribe();
+        let _ = tokio::time::timeout(
+            within,
+            state.wait_for(|loading| *loading != Loading::Pending),
+        )
+        .await;
+        self.current()
+    }
+}
+
+impl PolicyReporter for LoadState {
+    fn report(&self, kind: PolicyKind, policy: &str, event: PolicyEvent) {
+        match &event {
+            PolicyEvent::Loaded { .. } => {
+                self.state.send_replace(Loading::Loaded);
+            }
+            PolicyEvent::LoadFailed { reason, message } => {
+                self.state.send_if_modified(|loading| {
+                    if *loading == Loading::Loaded {
+                        return false;
+                    }
+                    *loading = Loading::Failed {
+                        reason: reason.clone(),
+                        message: message.clone(),
+                    };
+                    true
+                });
+            }
+            PolicyEvent::Fallback { .. } | PolicyEvent::Clamped { .. } => {}
+        }
+        self.inner.report(kind, policy, event);
+    }
+}
+
 impl<R: PolicyReporter + ?Sized> PolicyReporter for std::sync::Arc<R> {
     fn report(&self, kind: PolicyKind, policy: &str, event: PolicyEvent) {
         (**self).report(kind, policy, event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed() -> PolicyEvent {
+        PolicyEvent::LoadFailed {
+            reason: "configmap-missing".into(),
+            message: "gone".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_load_state_tells_a_policy_that_never_loaded_from_one_that_did() {
+        let inner = Arc::new(RecordingReporter::new());
+        let state = LoadState::new(inner.clone());
+        assert_eq!(state.current(), Loading::Pending);
+        state.report(PolicyKind::PodValidation, "p", failed());
+        assert_eq!(
+            state.settled(Duration::ZERO).await,
+            Loading::Failed {
+                reason: "configmap-missing".into(),
+                message: "gone".into()
+            }
+        );
+        state.report(
+            PolicyKind::PodValidation,
+            "p",
+            PolicyEvent::Loaded {
+                sha256: "ab".into(),
+            },
+        );
+        // A version failing after a good one leaves the good one deciding.
+        state.report(PolicyKind::PodValidation, "p", failed());
+        assert_eq!(state.current(), Loading::Loaded);
+        // Everything reached the reporter underneath.
+        assert_eq!(inner.events().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn settled_waits_for_the_first_report() {
+        let state = Arc::new(LoadState::new(Arc::new(RecordingReporter::new())));
+        let reporting = state.clone();
+        let waiting = tokio::spawn(async move { state.settled(Duration::from_secs(60)).await });
+        reporting.report(
+            PolicyKind::PodValidation,
+            "p",
+            PolicyEvent::Loaded {
+                sha256: "ab".into(),
+            },
+        );
+        assert_eq!(waiting.await.unwrap(), Loading::Loaded);
     }
 }

@@ -34,7 +34,8 @@ pub fn of(error: &Error) -> Option<Failure> {
         Error::Kube { source, .. } => kube_reason(source)?,
         Error::Actions { source, .. } => actions_reason(source),
         Error::Credentials(source) => credentials_reason(source)?,
-        Error::Policy(_) => StalledReason::PolicyUnavailable,
+        Error::Policy(_) | Error::PolicyNotLoaded { .. } => StalledReason::PolicyUnavailable,
+        Error::PolicyLoading(_) => return None,
         Error::Listener(_) => StalledReason::ListenerNotStarted,
         Error::Incomplete(_) => return None,
     };
@@ -139,6 +140,27 @@ mod tests {
             assert_eq!(of(&api(code)), None, "{code}");
         }
         assert_eq!(of(&Error::Incomplete("namespace")), None);
+        // A ConfigMap's first version on its way: looked at again, unsaid.
+        assert_eq!(
+            of(&Error::PolicyLoading("configmap:ns/checks".into())),
+            None
+        );
+    }
+
+    #[test]
+    fn a_pod_validation_policy_that_never_loaded_is_unavailable() {
+        let failure = of(&Error::PolicyNotLoaded {
+            policy: "builtin:no-such".into(),
+            reason: "unknown-builtin".into(),
+            message: "no builtin no-such".into(),
+        })
+        .unwrap();
+        assert_eq!(failure.reason, StalledReason::PolicyUnavailable);
+        assert!(
+            failure.message.contains("builtin:no-such"),
+            "{}",
+            failure.message
+        );
     }
 
     #[test]

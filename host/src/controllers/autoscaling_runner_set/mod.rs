@@ -83,6 +83,21 @@ pub enum Error {
     /// The pod-validation policy could not decide.
     #[error("pod validation: {0}")]
     Policy(#[from] crate::policy::PolicyError),
+    /// The pod-validation policy the set names never loaded: the bundled
+    /// default, which would stand in, is not the gate the admin chose.
+    #[error("pod validation: the policy {policy} is not loaded ({reason}): {message}")]
+    PolicyNotLoaded {
+        /// The policy's label.
+        policy: String,
+        /// The short reason label.
+        reason: String,
+        /// Why.
+        message: String,
+    },
+    /// The first version of the ConfigMap the pod-validation policy is read
+    /// from has not loaded yet; looked at again shortly.
+    #[error("pod validation: the policy {0} is still loading")]
+    PolicyLoading(String),
     /// The listener could not be started.
     #[error(transparent)]
     Listener(#[from] StartError),
@@ -97,7 +112,7 @@ impl ErrorLabel for Error {
             Self::Kube { source, .. } => kit::kube_label(source),
             Self::Actions { source, .. } => source.metric_label(),
             Self::Credentials(_) => "credentials",
-            Self::Policy(_) => "policy",
+            Self::Policy(_) | Self::PolicyNotLoaded { .. } | Self::PolicyLoading(_) => "policy",
             Self::Listener(_) => "listener",
             Self::Incomplete(_) => "incomplete",
         }
@@ -129,7 +144,13 @@ pub struct Context<L, S> {
 }
 
 /// A loaded pod-validation policy and the reference it was loaded for.
-type Validator = (Option<PolicyRef>, Arc<LoadedPolicy>);
+/// A set's loaded pod-validation policy: the reference it was loaded for,
+/// the policy, and what its loading reported.
+type Validator = (
+    Option<PolicyRef>,
+    Arc<LoadedPolicy>,
+    Arc<crate::policy::reporter::LoadState>,
+);
 
 impl<L: ListenerControl, S: ActionsClientSource> Context<L, S> {
     /// A context; `reporter` hears about policies that fail to load.

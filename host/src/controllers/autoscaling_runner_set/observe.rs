@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -27,6 +27,7 @@ use crate::credentials::{ActionsClientSource, CredentialsError};
 use crate::listener::Cause;
 use crate::listener::control::{ListenerConfig, ListenerControl};
 use crate::policy::PolicyKind;
+use crate::policy::reporter::{LoadState, Loading, PolicyReporter};
 use crate::policy::types::PodValidationInput;
 
 /// The API of each kind the controller reads and writes, in the set's
@@ -434,10 +435,20 @@ fn desired_runner_set_labels(set: &AutoscalingRunnerSet) -> BTreeMap<String, Str
     wanted
 }
 
+/// How long a pass waits for the first version of a ConfigMap-backed
+/// pod-validation policy before it tries again later.
+const FIRST_VERSION: Duration = Duration::from_secs(10);
+
 /// Runs the pod-validation policy on the template. The loaded policy is
 /// kept per scale set while its reference is unchanged, so a
 /// ConfigMap-backed policy is watched once and not reloaded on every
 /// reconcile.
+///
+/// Only the policy the set names judges its template: one that never
+/// loaded (an unknown builtin, a ConfigMap missing or without the module)
+/// fails the pass, and the set is stalled saying why, rather than the
+/// bundled default standing in as it does for scaling. A version that
+/// fails after a good one leaves the good one judging.
 async fn validate<L, S>(
     set: &AutoscalingRunnerSet,
     context: &Context<L, S>,
@@ -450,11 +461,12 @@ async fn validate<L, S>(
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .get(&key)
-        .filter(|(loaded_for, _)| *loaded_for == reference)
-        .map(|(_, loaded)| Arc::clone(loaded));
-    let loaded = match cached {
-        Some(loaded) => loaded,
+        .filter(|(loaded_for, _, _)| *loaded_for == reference)
+        .map(|(_, loaded, state)| (Arc::clone(loaded), Arc::clone(state)));
+    let (loaded, state) = match cached {
+        Some(cached) => cached,
         None => {
+            let state = Arc::new(LoadState::new(Arc::clone(&context.reporter)));
             let loaded = Arc::new(
                 context
                     .policies
@@ -462,7 +474,7 @@ async fn validate<L, S>(
                         PolicyKind::PodValidation,
                         &namespace,
                         reference.as_ref(),
-                        Arc::clone(&context.reporter),
+                        Arc::clone(&state) as Arc<dyn PolicyReporter>,
                     )
                     .await?,
             );
@@ -470,10 +482,36 @@ async fn validate<L, S>(
                 .validators
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .insert(key, (reference, Arc::clone(&loaded)));
-            loaded
+                .insert(
+                    key,
+                    (reference.clone(), Arc::clone(&loaded), Arc::clone(&state)),
+                );
+            (loaded, state)
         }
     };
+    let label = || {
+        reference.as_ref().map_or_else(String::new, |r| {
+            r.label(PolicyKind::PodValidation, &namespace)
+        })
+    };
+    let following = reference
+        .as_ref()
+        .is_some_and(|r| r.config_map_ref.is_some());
+    let loading = match state.current() {
+        Loading::Pending if following => state.settled(FIRST_VERSION).await,
+        loading => loading,
+    };
+    match loading {
+        Loading::Failed { reason, message } => {
+            return Err(Error::PolicyNotLoaded {
+                policy: label(),
+                reason,
+                message,
+            });
+        }
+        Loading::Pending if following => return Err(Error::PolicyLoading(label())),
+        Loading::Pending | Loading::Loaded => {}
+    }
     let template = serde_json::to_value(&set.spec.template).unwrap_or_default();
     let decided = loaded
         .decider()
