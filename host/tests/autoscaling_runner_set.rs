@@ -1179,3 +1179,54 @@ async fn a_pod_validation_policy_that_cannot_be_loaded_stalls_the_set_saying_whi
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_template_of_thousands_of_containers_is_refused_when_applied() {
+    let h = Harness::start("ars-many-containers").await;
+    let runner = json!({"name": "runner", "image": "ghcr.io/actions/actions-runner:2.330.0"});
+    let many = |n: usize| -> Vec<Value> {
+        std::iter::once(runner.clone())
+            .chain((1..n).map(|i| json!({"name": format!("side-{i}"), "image": "busybox"})))
+            .collect()
+    };
+    let set = |template: Value| -> AutoscalingRunnerSet {
+        serde_json::from_value(json!({
+            "apiVersion": "arcwright.dev/v1alpha1",
+            "kind": "AutoscalingRunnerSet",
+            "metadata": {"name": NAME},
+            "spec": h.spec(template),
+        }))
+        .unwrap()
+    };
+    for template in [
+        json!({"spec": {"restartPolicy": "Never", "containers": many(3000)}}),
+        json!({"spec": {
+            "restartPolicy": "Never",
+            "containers": many(1),
+            "initContainers": many(3000)[1..].to_vec(),
+        }}),
+    ] {
+        let refused = h
+            .sets()
+            .create(&PostParams::default(), &set(template))
+            .await
+            .expect_err("refused");
+        let kube::Error::Api(status) = refused else {
+            panic!("{refused:?}")
+        };
+        assert_eq!(status.code, 422, "{status:?}");
+        assert!(
+            status.message.contains("must have at most 64 items"),
+            "{}",
+            status.message
+        );
+    }
+    // The bound itself is accepted.
+    h.sets()
+        .create(
+            &PostParams::default(),
+            &set(json!({"spec": {"restartPolicy": "Never", "containers": many(64)}})),
+        )
+        .await
+        .unwrap();
+}

@@ -158,6 +158,12 @@ pub struct SecretKeyRef {
 /// `cpu: "1"`, so quantities are declared int-or-string as the built-in
 /// types do; otherwise a manifest that works for a Deployment would be
 /// refused here.
+///
+/// A pod's `containers` and `initContainers` are bounded
+/// ([`MAX_CONTAINERS`]), which Kubernetes itself does not do: every runner
+/// copies the template into its EphemeralRunner and its pod, so a template
+/// of thousands of containers, accepted, would cost etcd its size times the
+/// number of runners. Refused at `kubectl apply`, it costs nothing.
 pub fn pod_template_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
     corrected::<PodTemplateSpec>(generator)
 }
@@ -168,12 +174,45 @@ pub fn pod_spec_schema(generator: &mut schemars::SchemaGenerator) -> schemars::S
     corrected::<PodSpec>(generator)
 }
 
+/// The most containers, and the most init containers, a runner pod
+/// template may have: far above what a runner needs (ARC's dind mode has
+/// two and one), far below what would make every runner object a burden.
+pub const MAX_CONTAINERS: u64 = 64;
+
 fn corrected<T: JsonSchema>(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
     let mut schema = generator.subschema_for::<T>();
     if let Some(map) = schema.as_object_mut() {
         map.values_mut().for_each(fix_quantities);
+        let mut root = serde_json::Value::Object(std::mem::take(map));
+        bound_containers(&mut root);
+        if let serde_json::Value::Object(root) = root {
+            *map = root;
+        }
     }
     schema
+}
+
+/// Sets `maxItems` on the container lists of every pod spec in the schema
+/// (an object schema whose properties hold `containers` and
+/// `restartPolicy`).
+fn bound_containers(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            if let Some(serde_json::Value::Object(properties)) = map.get_mut("properties")
+                && properties.contains_key("containers")
+                && properties.contains_key("restartPolicy")
+            {
+                for list in ["containers", "initContainers"] {
+                    if let Some(serde_json::Value::Object(list)) = properties.get_mut(list) {
+                        list.insert("maxItems".into(), MAX_CONTAINERS.into());
+                    }
+                }
+            }
+            map.values_mut().for_each(bound_containers);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(bound_containers),
+        _ => {}
+    }
 }
 
 /// Rewrites every `Quantity` (recognised by its description, the only
