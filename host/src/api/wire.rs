@@ -26,6 +26,27 @@ pub mod labels {
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
     /// The value of [`PART_OF`] and [`MANAGED_BY`] on what arcwright makes.
     pub const ARCWRIGHT: &str = "arcwright";
+
+    /// ARC's labels, put on runner pods beside arcwright's own, so the
+    /// NetworkPolicies, PodMonitors and dashboards a team wrote for ARC
+    /// select arcwright's runner pods unchanged. arcwright itself never
+    /// selects on them.
+    pub mod arc {
+        /// On every runner pod, with the value [`EPHEMERAL_RUNNER_VALUE`].
+        pub const EPHEMERAL_RUNNER: &str = "actions-ephemeral-runner";
+        /// ARC's value of [`EPHEMERAL_RUNNER`].
+        pub const EPHEMERAL_RUNNER_VALUE: &str = "True";
+        /// The scale set's name.
+        pub const SCALE_SET_NAME: &str = "actions.github.com/scale-set-name";
+        /// The scale set's namespace.
+        pub const SCALE_SET_NAMESPACE: &str = "actions.github.com/scale-set-namespace";
+        /// The enterprise of an enterprise configuration URL.
+        pub const ENTERPRISE: &str = "actions.github.com/enterprise";
+        /// The organisation (the owner, for a repository URL).
+        pub const ORGANIZATION: &str = "actions.github.com/organization";
+        /// The repository of a repository configuration URL.
+        pub const REPOSITORY: &str = "actions.github.com/repository";
+    }
 }
 
 /// Annotations arcwright reads or writes.

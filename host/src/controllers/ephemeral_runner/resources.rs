@@ -61,6 +61,58 @@ pub fn owned_labels(runner: &EphemeralRunner) -> BTreeMap<String, String> {
     out
 }
 
+/// ARC's labels of a runner pod ([`labels::arc`]): `actions-ephemeral-runner`,
+/// the scale set's name and namespace, and the enterprise, organisation and
+/// repository of its configuration URL, each cut to a label value as ARC
+/// cuts it (63 characters at most, ending `-trim` when cut).
+pub fn arc_labels(runner: &EphemeralRunner) -> BTreeMap<String, String> {
+    use crate::actions::{ConfigUrl, Scope};
+    use labels::arc;
+    let mut out = BTreeMap::from([(
+        arc::EPHEMERAL_RUNNER.to_owned(),
+        arc::EPHEMERAL_RUNNER_VALUE.to_owned(),
+    )]);
+    if let Some(runner_labels) = &runner.metadata.labels {
+        for (ours, theirs) in [
+            (labels::SCALE_SET_NAME, arc::SCALE_SET_NAME),
+            (labels::SCALE_SET_NAMESPACE, arc::SCALE_SET_NAMESPACE),
+        ] {
+            if let Some(value) = runner_labels.get(ours) {
+                out.insert(theirs.to_owned(), value.clone());
+            }
+        }
+    }
+    // A URL that does not parse has no scope to say; the runner fails on
+    // its registration, with the reason, not here.
+    if let Ok(url) = ConfigUrl::parse(&runner.spec.github_config_url) {
+        let scope: &[(&str, &str)] = match url.scope() {
+            Scope::Enterprise { enterprise } => &[(arc::ENTERPRISE, enterprise)],
+            Scope::Organization { organization } => &[(arc::ORGANIZATION, organization)],
+            Scope::Repository { owner, repository } => {
+                &[(arc::ORGANIZATION, owner), (arc::REPOSITORY, repository)]
+            }
+        };
+        for (key, value) in scope {
+            out.insert((*key).to_owned(), arc_label_value(value));
+        }
+    }
+    out
+}
+
+/// `value` as ARC writes it into a label: cut to 63 characters, the last
+/// five `-trim`, when longer.
+fn arc_label_value(value: &str) -> String {
+    const MAX: usize = 63;
+    if value.len() <= MAX {
+        return value.to_owned();
+    }
+    let mut cut = MAX - "-trim".len();
+    while !value.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}-trim", &value[..cut])
+}
+
 /// The JIT config Secret: named after the runner, owned by it.
 pub fn jit_secret(
     runner: &EphemeralRunner,
@@ -179,6 +231,7 @@ pub fn runner_pod(runner: &EphemeralRunner, user_agent: &str) -> Pod {
     let name = runner.metadata.name.clone().unwrap_or_default();
     let template_meta = runner.spec.metadata.clone().unwrap_or_default();
     let mut labels = template_meta.labels.unwrap_or_default();
+    labels.extend(arc_labels(runner));
     labels.extend(owned_labels(runner));
     labels.insert(labels::COMPONENT.to_string(), "runner".to_string());
     let mut spec: PodSpec = runner.spec.spec.clone();
@@ -338,6 +391,24 @@ mod tests {
     }
 
     #[test]
+    fn arc_labels_name_the_scope_of_the_configuration_url_cut_as_arc_cuts_them() {
+        let mut runner = runner();
+        runner.spec.github_config_url = "https://github.com/octo/hello.world".into();
+        let labels = arc_labels(&runner);
+        assert_eq!(labels["actions.github.com/organization"], "octo");
+        assert_eq!(labels["actions.github.com/repository"], "hello.world");
+        runner.spec.github_config_url = "https://ghes.example/enterprises/acme".into();
+        let labels = arc_labels(&runner);
+        assert_eq!(labels["actions.github.com/enterprise"], "acme");
+        assert!(!labels.contains_key("actions.github.com/organization"));
+        let long = "r".repeat(80);
+        runner.spec.github_config_url = format!("https://github.com/octo/{long}");
+        let cut = &arc_labels(&runner)["actions.github.com/repository"];
+        assert_eq!(cut.len(), 63);
+        assert!(cut.ends_with("-trim"), "{cut}");
+    }
+
+    #[test]
     fn owned_objects_carry_owner_and_labels() {
         let runner = runner();
         let pod = runner_pod(&runner, "ua");
@@ -345,6 +416,11 @@ mod tests {
         assert_eq!(labels["team"], "ci");
         assert_eq!(labels[labels::EPHEMERAL_RUNNER], "set-runner-abc");
         assert_eq!(labels[labels::SCALE_SET_NAME], "set");
+        // ARC's, beside: what ARC users' NetworkPolicies select on.
+        assert_eq!(labels["actions-ephemeral-runner"], "True");
+        assert_eq!(labels["actions.github.com/scale-set-name"], "set");
+        assert_eq!(labels["actions.github.com/organization"], "o");
+        assert!(!labels.contains_key("actions.github.com/repository"));
         let owner = &pod.metadata.owner_references.unwrap()[0];
         assert_eq!(
             (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
