@@ -23,6 +23,8 @@ struct Run {
 const VARS: &[&str] = &[
     "ARCWRIGHT_KUBECONFIG",
     "ARCWRIGHT_IN_CLUSTER",
+    "ARCWRIGHT_KUBE_QPS",
+    "ARCWRIGHT_KUBE_BURST",
     "ARCWRIGHT_NAMESPACES",
     "ARCWRIGHT_LISTEN_ADDRESS",
     "ARCWRIGHT_LOG_FORMAT",
@@ -82,6 +84,8 @@ fn expected() -> RunOptions {
         kube: KubeOptions {
             kubeconfig: Some("/etc/kube/config".into()),
             in_cluster: false,
+            kube_qps: 20,
+            kube_burst: 30,
         },
         watch: WatchOptions {
             namespaces: vec!["ci".into(), "ci-large".into()],
@@ -136,6 +140,10 @@ fn every_flag_is_read() {
         &[
             "--kubeconfig",
             "/etc/kube/config",
+            "--kube-qps",
+            "20",
+            "--kube-burst",
+            "30",
             "-n",
             "ci",
             "--namespace",
@@ -201,6 +209,8 @@ fn every_flag_falls_back_to_its_environment_variable() {
         &[],
         &[
             ("ARCWRIGHT_KUBECONFIG", "/etc/kube/config"),
+            ("ARCWRIGHT_KUBE_QPS", "20"),
+            ("ARCWRIGHT_KUBE_BURST", "30"),
             ("ARCWRIGHT_NAMESPACES", "ci,ci-large"),
             ("ARCWRIGHT_LISTEN_ADDRESS", "127.0.0.1:9090"),
             ("ARCWRIGHT_DEBUG_LISTEN_ADDRESS", "0.0.0.0:8443"),

@@ -37,6 +37,7 @@ pub mod debug_endpoint;
 pub mod leader;
 pub mod metrics;
 pub mod options;
+pub mod rate_limit;
 pub mod readiness;
 pub mod server;
 pub mod wiring;
@@ -413,8 +414,12 @@ impl Shared {
     }
 }
 
-/// Builds the Kubernetes client the options describe.
-pub async fn client(source: &KubeSource) -> Result<Client, RuntimeError> {
+/// Builds the Kubernetes client the options describe: from `source`, its
+/// requests held to `rate` when there is one.
+pub async fn client(
+    source: &KubeSource,
+    rate: Option<rate_limit::Rate>,
+) -> Result<Client, RuntimeError> {
     // kube and the Actions client both use rustls with ring; install it as
     // the process default unless something already did.
     if rustls::crypto::CryptoProvider::get_default().is_none() {
@@ -435,7 +440,13 @@ pub async fn client(source: &KubeSource) -> Result<Client, RuntimeError> {
         }
     };
     config.read_timeout = Some(crate::watch::READ_TIMEOUT);
-    Client::try_from(config).map_err(RuntimeError::Client)
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(RuntimeError::Client)?;
+    Ok(match rate {
+        Some(rate) => builder
+            .with_layer(&rate_limit::RateLimitLayer::new(rate))
+            .build(),
+        None => builder.build(),
+    })
 }
 
 /// Runs `arcwright run` to the end: builds the async runtime, the client
@@ -448,7 +459,7 @@ pub fn run(options: RunOptions) -> Result<(), RuntimeError> {
         .map_err(RuntimeError::Setup)?
         .block_on(async {
             let signal = shutdown_signal()?;
-            let client = client(&options.kube.source()).await?;
+            let client = client(&options.kube.source(), options.kube.rate()).await?;
             let shared = Shared::new(client, &options)?;
             let address = options.http.listen_address;
             let listener = TcpListener::bind(address)
@@ -779,6 +790,8 @@ mod tests {
             kube: KubeOptions {
                 kubeconfig: None,
                 in_cluster: false,
+                kube_qps: 0,
+                kube_burst: 0,
             },
             watch: WatchOptions {
                 namespaces: vec!["ci".into()],

@@ -148,6 +148,25 @@ pub struct KubeOptions {
     /// around.
     #[arg(long, env = "ARCWRIGHT_IN_CLUSTER", conflicts_with = "kubeconfig")]
     pub in_cluster: bool,
+    /// At most this many API server requests a second, sustained (ARC's
+    /// --k8s-client-rate-limiter-qps); 0, the default, sets no limit (see
+    /// `runtime::rate_limit`).
+    #[arg(
+        long,
+        env = "ARCWRIGHT_KUBE_QPS",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    pub kube_qps: u32,
+    /// How many requests may go at once after a quiet spell (ARC's
+    /// --k8s-client-rate-limiter-burst); 0 means one second's worth.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_KUBE_BURST",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    pub kube_burst: u32,
 }
 
 /// Where the client configuration comes from.
@@ -162,11 +181,17 @@ pub enum KubeSource {
 }
 
 impl KubeOptions {
+    /// The client-side limit the flags set, if any.
+    pub fn rate(&self) -> Option<super::rate_limit::Rate> {
+        super::rate_limit::Rate::from_flags(self.kube_qps, self.kube_burst)
+    }
+
     /// Where the configuration comes from.
     pub fn source(&self) -> KubeSource {
         let Self {
             kubeconfig,
             in_cluster,
+            ..
         } = self;
         match (kubeconfig, in_cluster) {
             (Some(path), _) => KubeSource::File(path.clone()),
