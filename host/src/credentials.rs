@@ -117,6 +117,15 @@ pub enum CredentialsError {
         /// What is wrong with it, without its value.
         reason: String,
     },
+    /// A proxy URL of `spec.proxy` does not parse (the URL is not repeated:
+    /// someone may have written credentials into it).
+    #[error("spec.proxy.{field}.url is not a URL: {reason}")]
+    ProxyUrl {
+        /// `http` or `https`.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
     /// The ConfigMap holding the CA bundle does not exist.
     #[error("configmap {namespace}/{name} does not exist")]
     ConfigMapNotFound {
@@ -160,6 +169,7 @@ impl CredentialsError {
             Self::MissingKey { .. } => "missing_key",
             Self::Invalid { .. } => "invalid_key",
             Self::ConfigMapNotFound { .. } => "configmap_not_found",
+            Self::ProxyUrl { .. } => "invalid_proxy_url",
             Self::Kube { .. } => "kube",
             Self::Actions { .. } => "client_setup",
         }
@@ -200,9 +210,11 @@ struct Versions {
 /// The proxy credential Secrets a client was built from, `http`'s and
 /// `https`'s.
 #[derive(Default)]
-struct ProxySecrets {
-    http: Option<Secret>,
-    https: Option<Secret>,
+pub struct ProxySecrets {
+    /// The `http` proxy's credentials, when it names a Secret.
+    pub http: Option<Secret>,
+    /// The `https` proxy's.
+    pub https: Option<Secret>,
 }
 
 /// One Actions client per credential, shared by the reconcilers, the
@@ -502,39 +514,90 @@ fn build_client(
     ActionsClient::new(config_url, credentials, options).map_err(actions)
 }
 
+/// The user name and password in the proxy credential Secret `name`, when
+/// the proxy names one (`secret` is what was read under that name).
+fn proxy_auth(
+    namespace: &str,
+    secret: Option<&Secret>,
+    name: Option<&String>,
+) -> Result<Option<ProxyAuth>, CredentialsError> {
+    let (Some(secret), Some(name)) = (secret, name) else {
+        return Ok(None);
+    };
+    let object = Object {
+        kind: "secret",
+        namespace,
+        name,
+    };
+    let empty = BTreeMap::new();
+    let data = secret.data.as_ref().unwrap_or(&empty);
+    Ok(Some(ProxyAuth {
+        username: object.required(data, PROXY_USERNAME_KEY)?,
+        password: object
+            .text(data, PROXY_PASSWORD_KEY)?
+            .map(actions::Secret::new),
+    }))
+}
+
 fn proxy_config(
     namespace: &str,
     proxy: &ProxyTarget,
     secrets: &ProxySecrets,
 ) -> Result<ProxyConfig, CredentialsError> {
-    let auth = |secret: Option<&Secret>, name: Option<&String>| -> Result<_, CredentialsError> {
-        let (Some(secret), Some(name)) = (secret, name) else {
-            return Ok(None);
-        };
-        let object = Object {
-            kind: "secret",
-            namespace,
-            name,
-        };
-        let empty = BTreeMap::new();
-        let data = secret.data.as_ref().unwrap_or(&empty);
-        Ok(Some(ProxyAuth {
-            username: object.required(data, PROXY_USERNAME_KEY)?,
-            password: object
-                .text(data, PROXY_PASSWORD_KEY)?
-                .map(actions::Secret::new),
-        }))
-    };
     Ok(ProxyConfig {
         http: proxy.http_url.clone(),
         https: proxy.https_url.clone(),
         no_proxy: proxy.no_proxy.clone(),
-        http_auth: auth(secrets.http.as_ref(), proxy.http_credential_secret.as_ref())?,
-        https_auth: auth(
+        http_auth: proxy_auth(
+            namespace,
+            secrets.http.as_ref(),
+            proxy.http_credential_secret.as_ref(),
+        )?,
+        https_auth: proxy_auth(
+            namespace,
             secrets.https.as_ref(),
             proxy.https_credential_secret.as_ref(),
         )?,
     })
+}
+
+/// What runner pods read their proxy variables from (ARC's runner proxy
+/// Secret: `http_proxy`, `https_proxy`, `no_proxy`): each proxy's URL with
+/// its credentials in it, percent-encoded as a URL's user part must be, so
+/// a password with `@` or `/` in it still works. `secrets` are the http and
+/// https proxies' credential Secrets as read, in that order.
+pub fn runner_proxy_data(
+    namespace: &str,
+    proxy: &ProxyTarget,
+    secrets: &ProxySecrets,
+) -> Result<BTreeMap<String, String>, CredentialsError> {
+    let config = proxy_config(namespace, proxy, secrets)?;
+    let mut out = BTreeMap::new();
+    for (key, field, url, auth) in [
+        ("http_proxy", "http", &config.http, &config.http_auth),
+        ("https_proxy", "https", &config.https, &config.https_auth),
+    ] {
+        let Some(url) = url else { continue };
+        let mut parsed = url::Url::parse(url).map_err(|error| CredentialsError::ProxyUrl {
+            field,
+            reason: error.to_string(),
+        })?;
+        if let Some(auth) = auth {
+            let cannot = |_| CredentialsError::ProxyUrl {
+                field,
+                reason: "it cannot carry a user name".to_owned(),
+            };
+            parsed.set_username(&auth.username).map_err(cannot)?;
+            parsed
+                .set_password(auth.password.as_ref().map(actions::Secret::expose))
+                .map_err(cannot)?;
+        }
+        out.insert(key.to_owned(), parsed.to_string());
+    }
+    if !config.no_proxy.is_empty() {
+        out.insert("no_proxy".to_owned(), config.no_proxy.join(","));
+    }
+    Ok(out)
 }
 
 /// Turns the answer to a removal call into the pool's terms: gone is gone

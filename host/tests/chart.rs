@@ -261,6 +261,59 @@ fn controller_flags_and_default_policies_follow_values() {
 }
 
 #[test]
+fn every_run_flag_has_a_chart_value() {
+    use std::time::Duration;
+    let objects = render_ok(
+        &controller_chart(),
+        &[
+            "--set-json",
+            r#"flags={"kubeQps":20,"kubeBurst":30,"unregistrationWorkers":12,"runnerFailureLimit":3,"runnerFailureBackoff":"500ms","registrationTimeout":"20m","maxRunnersPerScaleSet":250,"messageBatchWindow":"250ms","actionsCallTimeout":"5s","actionsMessageTimeout":"70s","shutdownTimeout":"50s","leaseDuration":"20s","allowPlainHttp":true}"#,
+            "--set",
+            "terminationGracePeriodSeconds=60",
+        ],
+    );
+    let pod = &one(&objects, "Deployment")["spec"]["template"]["spec"];
+    assert_eq!(pod["terminationGracePeriodSeconds"], 60);
+    let parsed = parse_run(&container_args(&pod["containers"][0])).options;
+    assert_eq!((parsed.kube.kube_qps, parsed.kube.kube_burst), (20, 30));
+    let controllers = &parsed.controllers;
+    assert_eq!(controllers.unregistration_workers, 12);
+    assert_eq!(controllers.runner_failure_limit, 3);
+    assert_eq!(
+        controllers.runner_failure_backoff,
+        Duration::from_millis(500)
+    );
+    assert_eq!(controllers.registration_timeout, Duration::from_secs(1200));
+    assert_eq!(controllers.max_runners_per_scale_set, 250);
+    assert_eq!(controllers.message_batch_window, Duration::from_millis(250));
+    assert_eq!(parsed.actions.actions_call_timeout, Duration::from_secs(5));
+    assert_eq!(
+        parsed.actions.actions_message_timeout,
+        Duration::from_secs(70)
+    );
+    assert!(parsed.actions.allow_plain_http);
+    assert_eq!(parsed.shutdown.shutdown_timeout, Duration::from_secs(50));
+    assert_eq!(parsed.election.lease_duration, Duration::from_secs(20));
+
+    // Left empty, each is the binary's own default: the chart says nothing.
+    let objects = render_ok(&controller_chart(), &[]);
+    let pod = &one(&objects, "Deployment")["spec"]["template"]["spec"];
+    let args = container_args(&pod["containers"][0]);
+    let defaults = parse_run(&["run"]).options;
+    let mut rendered = parse_run(&args).options;
+    // The chart's own `concurrency` value always sets this one.
+    rendered.controllers.reconcile_concurrency = defaults.controllers.reconcile_concurrency;
+    assert_eq!(rendered.controllers, defaults.controllers);
+    assert_eq!(rendered.kube.rate(), None);
+    assert_eq!(rendered.actions, defaults.actions);
+    assert_eq!(rendered.shutdown, defaults.shutdown);
+    assert!(
+        !args.iter().any(|a| a.starts_with("--allow-plain-http")),
+        "{args:?}"
+    );
+}
+
+#[test]
 fn the_debug_endpoint_gets_a_port_of_its_own_and_tls_from_a_secret() {
     let objects = render_ok(
         &controller_chart(),
@@ -610,6 +663,8 @@ fn scale_set_spec_follows_arc_style_values() {
             "containers": [{"name": "runner", "image": "example/runner:1"}],
             // Helm merges maps: the default's restartPolicy stays.
             "restartPolicy": "Never",
+            // The template names no account: the chart's, with no rights.
+            "serviceAccountName": "linux-x64-no-permission",
         }})
     );
 
@@ -889,4 +944,359 @@ async fn charts_install_into_a_real_api_server_which_accepts_every_object() {
     crds.get("autoscalingrunnersets.arcwright.dev")
         .await
         .expect("CRDs stay after uninstall");
+}
+
+/// One of the ARC-shaped values files under `tests/arc/values`.
+fn arc_values(name: &str) -> String {
+    helm::repo()
+        .join("host/tests/arc/values")
+        .join(format!("{name}.yaml"))
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The scale-set chart rendered from an ARC-shaped values file, and its
+/// notes.
+fn render_arc(name: &str, extra: &[&str]) -> Vec<Value> {
+    let file = arc_values(name);
+    let mut args = vec!["-f", file.as_str()];
+    args.extend_from_slice(extra);
+    render_ok(&scale_set_chart(), &args)
+}
+
+/// `items` keyed by their `name`, so order does not matter.
+fn by_name(items: &Value) -> BTreeMap<String, Value> {
+    items
+        .as_array()
+        .unwrap_or_else(|| panic!("not a list: {items}"))
+        .iter()
+        .map(|item| (item["name"].as_str().unwrap().to_owned(), item.clone()))
+        .collect()
+}
+
+#[test]
+fn dind_mode_renders_arcs_pod_merged_with_the_users_template() {
+    let objects = render_arc("dind", &[]);
+    let set = one(&objects, "AutoscalingRunnerSet");
+    let pod = &set["spec"]["template"]["spec"];
+    // ARC's values.yaml documents this pod for dind; the user's init
+    // container, volume and variable are kept beside it.
+    let init: Vec<&str> = pod["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(init, ["init-dind-externals", "dind", "warm-cache"]);
+    let init = by_name(&pod["initContainers"]);
+    assert_eq!(
+        init["init-dind-externals"],
+        json!({
+            "name": "init-dind-externals",
+            "image": "ghcr.io/actions/actions-runner:2.330.0",
+            "command": ["cp"],
+            "args": ["-r", "/home/runner/externals/.", "/home/runner/tmpDir/"],
+            "volumeMounts": [{"name": "dind-externals", "mountPath": "/home/runner/tmpDir"}],
+        })
+    );
+    assert_eq!(
+        init["dind"],
+        json!({
+            "name": "dind",
+            "image": "docker:dind",
+            "args": ["dockerd", "--host=unix:///var/run/docker.sock", "--group=$(DOCKER_GROUP_GID)"],
+            "env": [{"name": "DOCKER_GROUP_GID", "value": "123"}],
+            "securityContext": {"privileged": true},
+            "restartPolicy": "Always",
+            "startupProbe": {
+                "exec": {"command": ["docker", "info"]},
+                "initialDelaySeconds": 0,
+                "failureThreshold": 24,
+                "periodSeconds": 5,
+            },
+            "volumeMounts": [
+                {"name": "work", "mountPath": "/home/runner/_work"},
+                {"name": "dind-sock", "mountPath": "/var/run"},
+                {"name": "dind-externals", "mountPath": "/home/runner/externals"},
+            ],
+        })
+    );
+    let runner = &pod["containers"][0];
+    assert_eq!(runner["image"], "ghcr.io/actions/actions-runner:2.330.0");
+    assert_eq!(
+        by_name(&runner["env"]),
+        by_name(&json!([
+            // The user's wait stays; ARC's is not added over it.
+            {"name": "RUNNER_WAIT_FOR_DOCKER_IN_SECONDS", "value": "300"},
+            {"name": "DOCKER_HOST", "value": "unix:///var/run/docker.sock"},
+        ]))
+    );
+    assert_eq!(
+        by_name(&runner["volumeMounts"]),
+        by_name(&json!([
+            {"name": "cache", "mountPath": "/cache"},
+            {"name": "work", "mountPath": "/home/runner/_work"},
+            {"name": "dind-sock", "mountPath": "/var/run"},
+        ]))
+    );
+    assert_eq!(
+        by_name(&pod["volumes"]),
+        by_name(&json!([
+            {"name": "cache", "emptyDir": {}},
+            {"name": "dind-sock", "emptyDir": {}},
+            {"name": "dind-externals", "emptyDir": {}},
+            {"name": "work", "emptyDir": {}},
+        ]))
+    );
+    // The runners' own account, with no rights and no token.
+    assert_eq!(pod["serviceAccountName"], "dind-runners-no-permission");
+    let account = named(&objects, "ServiceAccount", "dind-runners-no-permission");
+    assert_eq!(account["automountServiceAccountToken"], false);
+    assert!(objects_of(&objects, "Role").is_empty());
+    // The privileged sidecar passes the bundled policy because the chart
+    // says so, explicitly, on this set only.
+    assert_eq!(
+        set["spec"]["podValidationPolicy"],
+        json!({"builtin": "default", "settings": {"allowPrivileged": true}})
+    );
+    // Told the opposite, the chart refuses rather than every runner.
+    let file = arc_values("dind");
+    let error = render(
+        &scale_set_chart(),
+        &[
+            "-f",
+            &file,
+            "--set-json",
+            r#"podValidationPolicy={"builtin":"default","settings":{"allowPrivileged":false}}"#,
+        ],
+    )
+    .unwrap_err();
+    assert!(error.contains("allowPrivileged=false refuses"), "{error}");
+    // Without a mode, nothing privileged and no policy is set.
+    let plain = scale_set_render(&[]).unwrap();
+    let spec = &one(&plain, "AutoscalingRunnerSet")["spec"];
+    assert!(spec.get("podValidationPolicy").is_none(), "{spec}");
+    assert!(
+        spec["template"]["spec"].get("initContainers").is_none(),
+        "{spec}"
+    );
+    assert_eq!(
+        spec["template"]["spec"]["serviceAccountName"],
+        "release-no-permission"
+    );
+}
+
+#[test]
+fn kubernetes_modes_render_the_hooks_their_volume_and_their_rights() {
+    let objects = render_arc("kubernetes", &[]);
+    let pod = &one(&objects, "AutoscalingRunnerSet")["spec"]["template"]["spec"];
+    let runner = &pod["containers"][0];
+    assert_eq!(
+        by_name(&runner["env"]),
+        by_name(&json!([
+            {"name": "ACTIONS_RUNNER_CONTAINER_HOOKS", "value": "/home/runner/k8s/index.js"},
+            {"name": "ACTIONS_RUNNER_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "ACTIONS_RUNNER_REQUIRE_JOB_CONTAINER", "value": "true"},
+        ]))
+    );
+    assert_eq!(
+        runner["volumeMounts"],
+        json!([{"name": "work", "mountPath": "/home/runner/_work"}])
+    );
+    assert_eq!(
+        pod["volumes"],
+        json!([{"name": "work", "ephemeral": {"volumeClaimTemplate": {"spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "standard",
+            "resources": {"requests": {"storage": "1Gi"}},
+        }}}}])
+    );
+    assert_eq!(pod["serviceAccountName"], "k8s-runners-kube-mode");
+    assert!(pod.get("initContainers").is_none(), "{pod}");
+    named(&objects, "ServiceAccount", "k8s-runners-kube-mode");
+    let role = named(&objects, "Role", "k8s-runners-kube-mode");
+    for (group, resource, verb) in [
+        ("", "pods", "create"),
+        ("", "pods/exec", "create"),
+        ("", "pods/log", "watch"),
+        ("", "secrets", "delete"),
+        ("batch", "jobs", "create"),
+        // The user's own rule.
+        ("", "configmaps", "list"),
+    ] {
+        assert!(
+            grants(&role["rules"], group, resource, verb),
+            "{verb} {resource}: {role}"
+        );
+    }
+    let binding = named(&objects, "RoleBinding", "k8s-runners-kube-mode");
+    assert_eq!(binding["subjects"][0]["name"], "k8s-runners-kube-mode");
+    assert_eq!(binding["roleRef"]["name"], "k8s-runners-kube-mode");
+    // ARC's chart refuses the mode without its claim; so does this one.
+    let error = scale_set_render(&["--set", "containerMode.type=kubernetes"]).unwrap_err();
+    assert!(
+        error.contains("kubernetesModeWorkVolumeClaim is required"),
+        "{error}"
+    );
+
+    // novolume: the hooks of their own, no work volume, the user's mount kept.
+    let objects = render_arc("kubernetes-novolume", &[]);
+    let pod = &one(&objects, "AutoscalingRunnerSet")["spec"]["template"]["spec"];
+    let runner = &pod["containers"][0];
+    assert_eq!(
+        by_name(&runner["env"])["ACTIONS_RUNNER_CONTAINER_HOOKS"]["value"],
+        "/home/runner/k8s-novolume/index.js"
+    );
+    assert_eq!(
+        runner["volumeMounts"],
+        json!([{"name": "tools", "mountPath": "/opt/tools"}])
+    );
+    assert_eq!(
+        pod["volumes"],
+        json!([{"name": "tools", "configMap": {"name": "runner-tools"}}])
+    );
+    assert_eq!(pod["serviceAccountName"], "novolume-runners-kube-mode");
+    named(&objects, "Role", "novolume-runners-kube-mode");
+}
+
+#[test]
+fn proxy_and_ca_values_reach_the_runner_pod_as_arc_sets_them() {
+    use arcwright::api::{AutoscalingRunnerSetSpec, EphemeralRunner, EphemeralRunnerSpec};
+    use arcwright::controllers::ephemeral_runner::resources::runner_pod;
+    // The pod as it runs: the chart's set, then the controller's pod.
+    let pod_of = |objects: &[Value], proxy_secret: Option<&str>| {
+        let spec: AutoscalingRunnerSetSpec =
+            serde_json::from_value(one(objects, "AutoscalingRunnerSet")["spec"].clone()).unwrap();
+        let runner = EphemeralRunner::new(
+            "set-runner-abcde",
+            EphemeralRunnerSpec {
+                github_config_url: spec.github_config_url.clone(),
+                proxy: spec.proxy.clone(),
+                proxy_secret_ref: proxy_secret.map(str::to_owned),
+                github_server_tls: spec.github_server_tls.clone(),
+                spec: spec.template.spec.clone().unwrap(),
+                ..EphemeralRunnerSpec::default()
+            },
+        );
+        serde_json::to_value(runner_pod(&runner, "arcwright/test")).unwrap()
+    };
+
+    let objects = render_arc("proxy", &[]);
+    let pod = pod_of(&objects, Some("proxied-runners-runner-proxy"));
+    let env = by_name(&pod["spec"]["containers"][0]["env"]);
+    for key in ["http_proxy", "https_proxy", "no_proxy"] {
+        assert_eq!(
+            env[key]["valueFrom"]["secretKeyRef"],
+            json!({"name": "proxied-runners-runner-proxy", "key": key, "optional": false}),
+            "{key}"
+        );
+        assert!(env[key].get("value").is_none(), "never literal: {key}");
+    }
+    let rendered = serde_json::to_string(&objects).unwrap();
+    assert!(!rendered.contains("password"), "{rendered}");
+
+    let objects = render_arc("ca", &[]);
+    let pod = pod_of(&objects, None);
+    let spec = &pod["spec"];
+    let env = by_name(&spec["containers"][0]["env"]);
+    assert_eq!(
+        env["NODE_EXTRA_CA_CERTS"]["value"],
+        "/usr/local/share/ca-certificates/ca.crt"
+    );
+    assert_eq!(env["RUNNER_UPDATE_CA_CERTS"]["value"], "1");
+    assert_eq!(
+        by_name(&spec["containers"][0]["volumeMounts"])["github-server-tls-cert"],
+        json!({"name": "github-server-tls-cert", "mountPath": "/usr/local/share/ca-certificates/ca.crt", "subPath": "ca.crt"})
+    );
+    assert_eq!(
+        by_name(&spec["volumes"])["github-server-tls-cert"],
+        json!({"name": "github-server-tls-cert", "configMap": {"name": "ghes-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}})
+    );
+}
+
+#[test]
+fn arc_values_files_install_with_what_has_no_meaning_named() {
+    // Every ARC-shaped file renders.
+    for name in [
+        "dind",
+        "kubernetes",
+        "kubernetes-novolume",
+        "proxy",
+        "ca",
+        "listener-template",
+    ] {
+        render_arc(name, &[]);
+    }
+    let objects = render_arc("listener-template", &[]);
+    let set = one(&objects, "AutoscalingRunnerSet");
+    assert_eq!(
+        set["metadata"]["namespace"], "arc-runners",
+        "namespaceOverride"
+    );
+    for object in &objects {
+        assert_eq!(object["metadata"]["namespace"], "arc-runners", "{object}");
+    }
+    assert_eq!(
+        set["spec"]["ephemeralRunnerMetadata"],
+        json!({"labels": {"team": "ci"}})
+    );
+    assert_eq!(
+        set["spec"]["listenerMetrics"]["counters"]["gha_completed_jobs_total"]["labels"],
+        json!(["repository", "job_name", "job_result"])
+    );
+    assert!(set["spec"].get("listenerTemplate").is_none());
+    // Key Vault is refused with what to do instead; a typo is still one.
+    let error = scale_set_render(&["--set", "keyVault.type=azure_key_vault"]).unwrap_err();
+    assert!(error.contains("keyVault is not supported"), "{error}");
+    assert!(error.contains("External Secrets Operator"), "{error}");
+    let error = scale_set_render(&["--set", "containerMode.type=docker"]).unwrap_err();
+    assert!(error.contains("containerMode"), "{error}");
+    // Drain protection is opt-in.
+    let set = one(&render_arc("dind", &[]), "AutoscalingRunnerSet").clone();
+    assert!(set["spec"].get("protectBusyRunners").is_none(), "{set}");
+    let objects = render_arc("dind", &["--set", "protectBusyRunners=true"]);
+    assert_eq!(
+        one(&objects, "AutoscalingRunnerSet")["spec"]["protectBusyRunners"],
+        true
+    );
+}
+
+/// What `helm install` prints after installing the scale-set chart with an
+/// ARC-shaped values file (a dry run against the test's API server: Helm
+/// renders the NOTES only when installing).
+fn install_notes(env: &TestEnv, values: &str) -> String {
+    let kubeconfig = env.control_plane().kubeconfig_path();
+    let file = arc_values(values);
+    helm(&[
+        "install",
+        "release",
+        scale_set_chart().to_str().unwrap(),
+        "--dry-run",
+        "--namespace",
+        env.namespace(),
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "-f",
+        &file,
+    ])
+    .unwrap_or_else(|e| panic!("helm install --dry-run -f {values}: {e}"))
+}
+
+#[tokio::test]
+async fn the_notes_say_what_dind_allows_and_what_arc_values_have_no_meaning() {
+    let env = TestEnv::new("chart-notes").await;
+    let notes = install_notes(&env, "dind");
+    assert!(notes.contains("PRIVILEGED docker:dind sidecar"), "{notes}");
+    assert!(notes.contains("allowPrivileged: true"), "{notes}");
+    let notes = install_notes(&env, "kubernetes");
+    assert!(notes.contains("label runner-pod=<runner>"), "{notes}");
+    let notes = install_notes(&env, "listener-template");
+    for says in [
+        "listenerTemplate is ignored",
+        "controllerServiceAccount is ignored",
+        "resourceMeta.autoscalingListener: ignored",
+    ] {
+        assert!(notes.contains(says), "{says} in {notes}");
+    }
+    assert!(!notes.contains("PRIVILEGED"), "{notes}");
 }

@@ -101,6 +101,8 @@ fn spec(service: &Service, min: u32, max: u32, policy: Option<PolicyRef>) -> Lis
             max: Duration::from_millis(200),
         },
         metrics: ListenerMetrics::default(),
+        metric_labels: Default::default(),
+        job_metrics: Default::default(),
         // Most tests follow messages one by one; the window has a test of
         // its own.
         batch_window: Duration::ZERO,

@@ -514,6 +514,72 @@ async fn a_burst_gets_runners_up_to_max_and_the_set_returns_to_zero() {
         sample("gha_registered_runners", &scale_set).is_some(),
         "{text}"
     );
+    // ARC's other names, with ARC's labels: an ARC dashboard reads them.
+    let arc_labelled = |name: &str| {
+        samples
+            .iter()
+            .filter(|s| s.name == name && s.labels.get("name").map(String::as_str) == Some(NAME))
+            .map(|s| s.labels.keys().map(String::as_str).collect::<BTreeSet<_>>())
+            .next()
+            .unwrap_or_else(|| panic!("{name} for the scale set is not on /metrics:\n{text}"))
+    };
+    for gauge in [
+        "gha_min_runners",
+        "gha_max_runners",
+        "gha_controller_running_listeners",
+        "gha_controller_pending_ephemeral_runners",
+        "gha_controller_running_ephemeral_runners",
+        "gha_controller_failed_ephemeral_runners",
+        "gha_assigned_jobs",
+    ] {
+        assert_eq!(
+            arc_labelled(gauge),
+            BTreeSet::from([
+                "name",
+                "namespace",
+                "enterprise",
+                "organization",
+                "repository"
+            ]),
+            "{gauge}"
+        );
+    }
+    assert_eq!(
+        sample("gha_controller_running_listeners", &scale_set),
+        Some(1.0)
+    );
+    let jobs = |name: &str| {
+        samples
+            .iter()
+            .filter(|s| s.name == name && s.labels.get("name").map(String::as_str) == Some(NAME))
+            .map(|s| s.value)
+            .sum::<f64>()
+    };
+    assert_eq!(jobs("gha_started_jobs_total"), 6.0, "{text}");
+    assert_eq!(jobs("gha_completed_jobs_total"), 6.0, "{text}");
+    assert_eq!(
+        jobs("gha_job_startup_duration_seconds_count"),
+        6.0,
+        "{text}"
+    );
+    assert_eq!(
+        jobs("gha_job_execution_duration_seconds_count"),
+        6.0,
+        "{text}"
+    );
+    let completed = arc_labelled("gha_completed_jobs_total");
+    for label in [
+        "enterprise",
+        "organization",
+        "repository",
+        "event_name",
+        "job_result",
+    ] {
+        assert!(
+            completed.contains(label),
+            "{label} on gha_completed_jobs_total: {completed:?}"
+        );
+    }
     let ups = sample(
         "arcwright_scale_decisions_total",
         &[

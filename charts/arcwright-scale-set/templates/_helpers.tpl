@@ -26,3 +26,27 @@ app.kubernetes.io/component: runner-scale-set
 {{- define "scaleSet.policyConfigMapName" -}}
 {{- default (printf "%s-policy" .Release.Name) .Values.policyConfigMap.name }}
 {{- end }}
+
+{{/* The namespace of every object: ARC's namespaceOverride, else the release's. */}}
+{{- define "scaleSet.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride }}
+{{- end }}
+
+{{/*
+The namespace, labels and annotations of one object of this chart: the
+chart's own, `labels` and `annotations`, then what ARC's
+`resourceMeta.<key>` adds for that kind of object. Called with (list . key).
+*/}}
+{{- define "scaleSet.objectMeta" -}}
+{{- $ctx := index . 0 }}
+{{- $extra := default (dict) (get (default (dict) $ctx.Values.resourceMeta) (index . 1)) }}
+{{- $labels := merge (default (dict) (deepCopy (default (dict) $extra.labels))) (include "scaleSet.labels" $ctx | fromYaml) }}
+{{- $annotations := merge (default (dict) (deepCopy (default (dict) $extra.annotations))) (default (dict) (deepCopy (default (dict) $ctx.Values.annotations))) }}
+namespace: {{ include "scaleSet.namespace" $ctx }}
+labels:
+  {{- toYaml $labels | nindent 2 }}
+{{- with $annotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}

@@ -6,8 +6,8 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use super::shared::{
-    DURATION_PATTERN, DebugSpec, GitHubServerTls, PolicyRefs, ProxySpec, ResourceMeta,
-    pod_template_schema,
+    DURATION_PATTERN, DebugSpec, GitHubServerTls, MetricsConfig, PolicyRefs, ProxySpec,
+    ResourceMeta, pod_template_schema,
 };
 
 /// The longest name an AutoscalingRunnerSet may have: each runner is named
@@ -113,6 +113,19 @@ pub struct AutoscalingRunnerSetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub registration_timeout: Option<String>,
+    /// Keep busy runner pods from node scale-down: a pod whose runner
+    /// takes a job is annotated `cluster-autoscaler.kubernetes.io/safe-to-evict:
+    /// "false"` and `karpenter.sh/do-not-disrupt: "true"` (one pod write per
+    /// job); idle ones are created `safe-to-evict: "true"`, so their nodes
+    /// still scale down (the autoscaler otherwise keeps pods with local
+    /// storage, such as dind's volumes). A drain (`kubectl drain`) does not
+    /// read these; a PodDisruptionBudget is what holds it. Omitted: false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protect_busy_runners: Option<bool>,
+    /// The labels of the listener's per-job metrics, as ARC's
+    /// `listenerMetrics` (see [`MetricsConfig`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listener_metrics: Option<MetricsConfig>,
     /// Extra metadata for the EphemeralRunnerSet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ephemeral_runner_set_metadata: Option<ResourceMeta>,

@@ -94,6 +94,11 @@ pub struct EphemeralRunnerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = DURATION_PATTERN))]
     pub registration_timeout: Option<String>,
+    /// Whether the runner pod is kept from the cluster autoscaler and
+    /// Karpenter while it runs a job, as the AutoscalingRunnerSet declared
+    /// it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protect_busy_runners: Option<bool>,
     /// The runner pod's metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<ObjectMeta>,

@@ -45,6 +45,14 @@ pub struct GitHubServerTls {
     /// Where the CA bundle is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_from: Option<TlsCertificateSource>,
+    /// The directory the bundle is mounted in, in the runner container (as
+    /// ARC's `runnerMountPath`): the runner and the actions it runs trust
+    /// it (`NODE_EXTRA_CA_CERTS` names the file, `RUNNER_UPDATE_CA_CERTS=1`
+    /// adds it to the system store). Omitted: the bundle is the
+    /// controller's only, and runners must trust the server some other way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^/"))]
+    pub runner_mount_path: Option<String>,
 }
 
 /// A CA bundle in a ConfigMap.
@@ -146,6 +154,82 @@ pub struct SecretKeyRef {
     /// The key; `token` when omitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+}
+
+/// Which labels the listener's per-job metrics carry, in the shape of ARC's
+/// `listenerMetrics` (metric name to its labels), so an ARC values file
+/// keeps its choice. The per-job metrics are the ones whose labels are
+/// chosen here: `gha_started_jobs_total` and `gha_completed_jobs_total`
+/// under `counters`, `gha_job_startup_duration_seconds` and
+/// `gha_job_execution_duration_seconds` under `histograms`. Every series
+/// also carries `name` and `namespace`, since one host serves many scale
+/// sets. Omitted: `enterprise`, `organization`, `repository`, `event_name`
+/// (and `job_result` on completions), which stays small however many
+/// workflows there are; add `job_name` or the `job_workflow_*` labels for
+/// per-workflow panels, at a series per job name.
+///
+/// The gauges' labels (`gauges`) and histogram `buckets` are accepted from
+/// ARC values and not changed: the gauges are per scale set, and the
+/// buckets are ARC's defaults, 10 ms to an hour.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MetricsConfig {
+    /// Counters by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub counters: BTreeMap<String, MetricLabels>,
+    /// Gauges by name (accepted, not changed).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gauges: BTreeMap<String, MetricLabels>,
+    /// Histograms by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub histograms: BTreeMap<String, HistogramMetric>,
+}
+
+/// The labels of one metric.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MetricLabels {
+    /// The labels, by ARC's names.
+    #[serde(default)]
+    pub labels: Vec<JobLabel>,
+}
+
+/// The labels of one histogram, and its buckets (accepted, not changed).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HistogramMetric {
+    /// The labels, by ARC's names.
+    #[serde(default)]
+    pub labels: Vec<JobLabel>,
+    /// ARC's bucket bounds, in seconds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub buckets: Vec<f64>,
+}
+
+/// A label a listener metric may carry, by ARC's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobLabel {
+    /// The AutoscalingRunnerSet's name (always carried).
+    Name,
+    /// Its namespace (always carried).
+    Namespace,
+    /// The enterprise of the configuration URL.
+    Enterprise,
+    /// The organisation (the repository's owner).
+    Organization,
+    /// The job's repository.
+    Repository,
+    /// The job's display name.
+    JobName,
+    /// The event that started the workflow run.
+    EventName,
+    /// `owner/repo/.github/workflows/file.yml@ref`.
+    JobWorkflowRef,
+    /// The workflow file's name without its extension.
+    JobWorkflowName,
+    /// The ref the workflow ran on (`heads/main`, `pull/42`).
+    JobWorkflowTarget,
+    /// `succeeded`, `failed`, `canceled`, ... (completions only).
+    JobResult,
 }
 
 /// The schema of a full `PodTemplateSpec`, as k8s-openapi describes it, with

@@ -46,11 +46,20 @@ pub mod labels {
         pub const ORGANIZATION: &str = "actions.github.com/organization";
         /// The repository of a repository configuration URL.
         pub const REPOSITORY: &str = "actions.github.com/repository";
+        /// On the pods and Secrets the runner container hooks (the
+        /// kubernetes container modes) create for a job, naming the runner
+        /// pod they belong to; set by the hooks, not by arcwright.
+        pub const HOOK_RUNNER_POD: &str = "runner-pod";
     }
 }
 
 /// Annotations arcwright reads or writes.
 pub mod annotations {
+    /// The cluster autoscaler's: `"false"` keeps the pod's node from being
+    /// scaled down, `"true"` lets it go even with local storage.
+    pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
+    /// Karpenter's: `"true"` keeps the pod's node from being disrupted.
+    pub const DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
     /// The listener's patch id a runner was created under (ARC's
     /// `actions.github.com/patch-id`).
     pub const PATCH_ID: &str = "arcwright.dev/patch-id";
@@ -66,6 +75,12 @@ pub mod annotations {
     /// finish without deleting the scale set in the Actions service when
     /// its credentials Secret is gone.
     pub const FORCE_DELETE: &str = "arcwright.dev/force-delete";
+    /// Set to `"true"` on an AutoscalingRunnerSet before deleting it to
+    /// hand its scale set to another controller (another cluster's, or the
+    /// way back to ARC): the deletion stops the listener (its session
+    /// released), removes idle runners' registrations and waits out busy
+    /// ones as always, and leaves the scale set registered.
+    pub const KEEP_SCALE_SET: &str = "arcwright.dev/keep-scale-set";
     /// The credentials Secret an AutoscalingRunnerSet holds with
     /// `credentials-in-use`, recorded on the set before the finalizer is
     /// added: when `githubConfigSecret`

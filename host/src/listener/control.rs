@@ -58,6 +58,8 @@ pub struct ListenerConfig {
     /// other than success are recorded (see
     /// [`RunnerJobs`](crate::listener::cluster::RunnerJobs)).
     pub holds_failures: bool,
+    /// The labels of its per-job metrics (`spec.listenerMetrics`).
+    pub job_metrics: super::metrics::JobMetricLabels,
 }
 
 /// Why a listener could not be started (the listener's own failures,

@@ -133,6 +133,10 @@ pub struct ListenerSpec {
     pub batch_window: std::time::Duration,
     /// Where the service's statistics and the decisions are reported.
     pub metrics: ListenerMetrics,
+    /// The scale set's labels on them.
+    pub metric_labels: metrics::ScaleSetLabels,
+    /// The labels of its per-job metrics.
+    pub job_metrics: metrics::JobMetricLabels,
 }
 
 /// A running listener. Dropping it leaves the task running until the

@@ -128,6 +128,12 @@ impl Supervisor {
             owner: self.owner.clone(),
             scaling_policy: config.scaling_policy.clone(),
             metrics: self.metrics.clone(),
+            metric_labels: super::metrics::ScaleSetLabels::new(
+                &config.namespace,
+                &config.name,
+                &config.github.config_url,
+            ),
+            job_metrics: config.job_metrics.clone(),
             backoff: self.backoff,
             batch_window: self.batch_window,
         }

@@ -16,7 +16,7 @@ use super::source::ListenerClient;
 use super::status::{DecisionReport, Health, Reporting, StatusSink};
 use super::target::ScaleTarget;
 use super::{Cause, ListenerError, ListenerSpec};
-use crate::actions::{ActionsError, MessageSession, RunnerScaleSetStatistic};
+use crate::actions::{ActionsError, JobMessage, MessageSession, RunnerScaleSetStatistic};
 use crate::policy::loader::PolicyLoader;
 use crate::policy::{Decider, PolicyKind};
 
@@ -77,6 +77,11 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
             )
             .await?;
         let decider = policy.decider().clone();
+        self.spec.metrics.started(
+            &self.labels(),
+            self.spec.scale_set.min_runners,
+            self.spec.scale_set.max_runners,
+        );
         let mut memory = Memory {
             attempt: 0,
             sequence: None,
@@ -281,6 +286,7 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
             self.spec.metrics.statistics(&self.labels(), statistics);
             memory.statistics = plan.statistics;
         }
+        self.count_jobs(message);
 
         let mut acquire = std::mem::take(&mut memory.unacquired);
         acquire.retain(|id| !plan.completed.iter().any(|c| c.runner_request_id == *id));
@@ -393,9 +399,27 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
 
     /// The scale set's metric labels.
     fn labels(&self) -> ScaleSetLabels {
-        ScaleSetLabels {
-            namespace: self.spec.scale_set.namespace.clone(),
-            name: self.spec.scale_set.name.clone(),
+        self.spec.metric_labels.clone()
+    }
+
+    /// Counts and times the message's job starts and completions, as
+    /// ARC's listener does. A message handled twice (its acknowledgement
+    /// failed) is counted twice, as in ARC.
+    fn count_jobs(&self, message: &crate::actions::Message) {
+        let labels = self.labels();
+        let chosen = &self.spec.job_metrics;
+        for item in &message.jobs {
+            match item {
+                JobMessage::JobStarted { job, .. } => {
+                    self.spec.metrics.job_started(&labels, chosen, job);
+                }
+                JobMessage::JobCompleted { result, job, .. } => {
+                    self.spec
+                        .metrics
+                        .job_completed(&labels, chosen, job, result);
+                }
+                _ => {}
+            }
         }
     }
 

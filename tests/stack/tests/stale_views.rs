@@ -149,7 +149,7 @@ async fn no_earlier_view_of_a_runner_or_a_set_leads_to_a_harmful_step() {
             Ok(plan) => plan,
             // A question to the service or a policy is answered before any
             // step; what it would lead to is not replayed here.
-            Err(Need::HeldCount | Need::Presence(_) | Need::Verdict(_)) => {
+            Err(Need::HeldCount | Need::Presence(_) | Need::Verdict(_) | Need::HookObjects) => {
                 asked += 1;
                 continue;
             }

@@ -3,20 +3,23 @@
 //! manager. Nothing here decides; a call that finds its object already gone
 //! (a 404 on a deletion) counts as done.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
-use kube::api::{DeleteParams, Patch, PatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde_json::json;
 
 use super::observe::{Apis, actions_client};
-use super::plan::{RunnerSetPublication, StatusChange, Step};
+use super::plan::{ProxySecretData, RunnerSetPublication, StatusChange, Step};
 use super::{Context, Error};
 use crate::actions::{ActionsClient, ActionsError};
 use crate::api::{
     AutoscalingRunnerSet, AutoscalingRunnerSetPhase, AutoscalingRunnerSetStatus,
-    EphemeralRunnerSet, annotations, field_managers, finalizers,
+    EphemeralRunnerSet, annotations, field_managers, finalizers, labels,
 };
 use crate::controllers::kit::finalizer;
 use crate::credentials::{ActionsClientSource, CredentialsError};
@@ -159,6 +162,9 @@ async fn apply_step<L: ListenerControl, S: ActionsClientSource>(
                 .map_err(kube_err("recording the scale set id"))?;
         }
         Step::WriteStatus(change) => write_status(&apis.sets, &name, &change).await?,
+        Step::WriteRunnerProxy(data) => {
+            write_runner_proxy(&apis.secrets, set, &data).await?;
+        }
         Step::PublishRunnerSet(publication) => {
             publish_runner_set(&apis.runner_sets, set, &publication).await?;
         }
@@ -192,6 +198,47 @@ async fn apply_step<L: ListenerControl, S: ActionsClientSource>(
         Step::NoteCountsMoved => context.note_counts_moved(&namespace, &name),
     }
     Ok(Applied::All)
+}
+
+/// Writes the runners' proxy Secret, owned by the set (it goes with it).
+async fn write_runner_proxy(
+    secrets: &Api<Secret>,
+    set: &AutoscalingRunnerSet,
+    data: &ProxySecretData,
+) -> Result<(), Error> {
+    let name = super::observe::runner_proxy_secret_name(set);
+    let owner = set
+        .controller_owner_ref(&())
+        .ok_or(Error::Incomplete("uid"))?;
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: set.namespace(),
+            labels: Some(BTreeMap::from([(
+                labels::MANAGED_BY.to_owned(),
+                labels::ARCWRIGHT.to_owned(),
+            )])),
+            owner_references: Some(vec![owner]),
+            ..ObjectMeta::default()
+        },
+        data: Some(
+            data.0
+                .iter()
+                .map(|(key, value)| (key.clone(), ByteString(value.clone().into_bytes())))
+                .collect(),
+        ),
+        type_: Some("Opaque".to_owned()),
+        ..Secret::default()
+    };
+    secrets
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .map_err(kube_err("writing the runners' proxy Secret"))?;
+    Ok(())
 }
 
 /// The named fields of a status change, as a merge patch writes them.

@@ -66,7 +66,7 @@ fn credentials_reason(error: &CredentialsError) -> Option<StalledReason> {
         CredentialsError::SecretNotFound { .. }
         | CredentialsError::MissingKey { .. }
         | CredentialsError::Invalid { .. } => Some(StalledReason::CredentialsUnusable),
-        CredentialsError::ConfigMapNotFound { .. } => {
+        CredentialsError::ConfigMapNotFound { .. } | CredentialsError::ProxyUrl { .. } => {
             Some(StalledReason::ConnectionSettingsInvalid)
         }
     }

@@ -13,8 +13,9 @@ use kube::api::{Api, ListParams};
 
 use super::apply::{actions_err, kube_err};
 use super::plan::{
-    DeletionObserved, FormerCredentials, Need, Observed, RunnerCounts, RunnerObserved,
-    RunnerSetObserved, RunnerSetState, ServiceScaleSet, TemplateVerdict,
+    DeletionObserved, FormerCredentials, Need, Observed, ProxySecretData, RunnerCounts,
+    RunnerObserved, RunnerProxy, RunnerSetObserved, RunnerSetState, ServiceScaleSet,
+    TemplateVerdict,
 };
 use super::{Context, Error, github_target};
 use crate::actions::{ActionsClient, ActionsError};
@@ -23,7 +24,7 @@ use crate::api::{
     EphemeralRunnerSpec, annotations, finalizers, labels,
 };
 use crate::controllers::kit::finalizer;
-use crate::credentials::{ActionsClientSource, CredentialsError};
+use crate::credentials::{ActionsClientSource, CredentialsError, ProxySecrets};
 use crate::listener::Cause;
 use crate::listener::control::{ListenerConfig, ListenerControl};
 use crate::policy::PolicyKind;
@@ -89,9 +90,11 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
             .map_err(kube_err("reading the EphemeralRunnerSet"))?;
         let credentials_held = credentials_held(&set, apis).await?;
         let former_credentials = former_credentials(&set, apis).await?;
+        let runner_proxy = runner_proxy(&set, apis).await?;
         let mut observed = observed(&set, runner_set.as_ref(), context, verdict.clone());
         observed.credentials_held = credentials_held;
         observed.former_credentials = former_credentials.clone();
+        observed.runner_proxy = runner_proxy;
         Ok(Self {
             context,
             apis,
@@ -172,6 +175,7 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
                 );
                 self.observed.credentials_held = self.credentials_held;
                 self.observed.former_credentials = self.former_credentials.clone();
+                self.observed.runner_proxy = runner_proxy(&self.set, self.apis).await?;
             }
         }
         self.observed.from_api_server = true;
@@ -323,7 +327,65 @@ fn observed<L: ListenerControl, S>(
         credentials_recorded: set.annotations().get(annotations::CREDENTIALS_SECRET)
             == Some(&set.spec.github_config_secret),
         former_credentials: None,
+        runner_proxy: None,
         now: jiff::Timestamp::now(),
+    }
+}
+
+/// The name of the Secret the set's runner pods read their proxy
+/// variables from.
+pub(super) fn runner_proxy_secret_name(set: &AutoscalingRunnerSet) -> String {
+    format!("{}-runner-proxy", set.name_any())
+}
+
+/// The runners' proxy Secret against what it should hold, when the spec
+/// has a proxy: the proxy credential Secrets are read (a missing one is
+/// the same failure the set's own client reports), and so is the Secret.
+async fn runner_proxy(
+    set: &AutoscalingRunnerSet,
+    apis: &Apis,
+) -> Result<Option<RunnerProxy>, Error> {
+    let target = github_target(set);
+    let Some(proxy) = &target.proxy else {
+        return Ok(None);
+    };
+    let secrets = ProxySecrets {
+        http: proxy_credentials(apis, &target.namespace, &proxy.http_credential_secret).await?,
+        https: proxy_credentials(apis, &target.namespace, &proxy.https_credential_secret).await?,
+    };
+    let wanted = crate::credentials::runner_proxy_data(&target.namespace, proxy, &secrets)?;
+    let held = apis
+        .secrets
+        .get_opt(&runner_proxy_secret_name(set))
+        .await
+        .map_err(kube_err("reading the runners' proxy Secret"))?
+        .and_then(|secret| secret.data)
+        .map(|data| {
+            data.into_iter()
+                .map(|(key, value)| (key, String::from_utf8_lossy(&value.0).into_owned()))
+                .collect::<BTreeMap<_, _>>()
+        });
+    Ok(Some(if held.as_ref() == Some(&wanted) {
+        RunnerProxy::Current
+    } else {
+        RunnerProxy::Stale(ProxySecretData(wanted))
+    }))
+}
+
+/// The proxy credential Secret `name`, when the proxy names one.
+async fn proxy_credentials(
+    apis: &Apis,
+    namespace: &str,
+    name: &Option<String>,
+) -> Result<Option<Secret>, Error> {
+    let Some(name) = name else { return Ok(None) };
+    match apis.secrets.get_opt(name).await {
+        Ok(Some(secret)) => Ok(Some(secret)),
+        Ok(None) => Err(Error::Credentials(CredentialsError::SecretNotFound {
+            namespace: namespace.to_owned(),
+            name: name.clone(),
+        })),
+        Err(error) => Err(kube_err("reading a proxy credential Secret")(error)),
     }
 }
 
@@ -356,7 +418,7 @@ fn desired_runner_spec(set: &AutoscalingRunnerSet, id: i64) -> EphemeralRunnerSp
         github_config_secret: spec.github_config_secret.clone(),
         runner_scale_set_id: id,
         proxy: spec.proxy.clone(),
-        proxy_secret_ref: None,
+        proxy_secret_ref: spec.proxy.as_ref().map(|_| runner_proxy_secret_name(set)),
         github_server_tls: spec.github_server_tls.clone(),
         ephemeral_runner_config_secret_metadata: spec
             .ephemeral_runner_config_secret_metadata
@@ -365,6 +427,7 @@ fn desired_runner_spec(set: &AutoscalingRunnerSet, id: i64) -> EphemeralRunnerSp
         debug: spec.debug.clone(),
         max_idle_age: spec.max_idle_age.clone(),
         registration_timeout: spec.registration_timeout.clone(),
+        protect_busy_runners: spec.protect_busy_runners,
         metadata: spec.template.metadata.clone(),
         spec: spec.template.spec.clone().unwrap_or_default(),
     }
@@ -415,6 +478,9 @@ fn desired_listener(set: &AutoscalingRunnerSet, id: i64, cap: u32) -> ListenerCo
             .debug
             .as_ref()
             .is_some_and(|debug| debug.hold_failed_for.is_some()),
+        job_metrics: crate::listener::metrics::JobMetricLabels::from_config(
+            set.spec.listener_metrics.as_ref(),
+        ),
     }
 }
 
@@ -648,6 +714,10 @@ pub(super) async fn deletion<L: ListenerControl, S>(
         force: set
             .annotations()
             .get(annotations::FORCE_DELETE)
+            .is_some_and(|v| v == "true"),
+        keep_scale_set: set
+            .annotations()
+            .get(annotations::KEEP_SCALE_SET)
             .is_some_and(|v| v == "true"),
         conditions: set
             .status

@@ -20,7 +20,7 @@ use super::resources::{jit_secret, runner_pod};
 use super::{Context, EphemeralRunnerError, github_target, kube_error};
 use crate::actions::{ActionsClient, ActionsError, JitConfig, JitRunnerSetting};
 use crate::api::ephemeral_runner::EventReason;
-use crate::api::{EphemeralRunner, field_managers, finalizers};
+use crate::api::{EphemeralRunner, annotations, field_managers, finalizers};
 use crate::controllers::kit::{Notice, finalizer};
 
 /// What applying a plan came to.
@@ -114,6 +114,26 @@ pub(super) async fn apply(
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => return Err(kube_error("delete the JIT config Secret")(e)),
             },
+            Step::ProtectFromEviction { uid } => {
+                // The uid in the patch is a precondition: a newer pod of
+                // the same name is not the busy one.
+                let patch = serde_json::json!({"metadata": {
+                    "uid": uid,
+                    "annotations": {
+                        annotations::SAFE_TO_EVICT: "false",
+                        annotations::DO_NOT_DISRUPT: "true",
+                    },
+                }});
+                match pods
+                    .patch(&name, &patch_params(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                    Err(e) => return Err(kube_error("mark the busy runner pod")(e)),
+                }
+            }
+            Step::DeleteHookObjects => delete_hook_objects(runner, &pods, &secrets).await?,
             Step::Deregister { runner_id } => {
                 ctx.pool
                     .push(ctx.key(runner, *runner_id), github_target(runner));
@@ -148,13 +168,17 @@ async fn patch_status(
     Ok(())
 }
 
-async fn delete(
-    pods: &Api<Pod>,
+/// Deletes the object `name` if it is still the one with `uid`.
+async fn delete<K>(
+    api: &Api<K>,
     name: &str,
     uid: &str,
     grace: Option<u32>,
     action: &'static str,
-) -> Result<(), EphemeralRunnerError> {
+) -> Result<(), EphemeralRunnerError>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let params = DeleteParams {
         grace_period_seconds: grace,
         preconditions: Some(Preconditions {
@@ -163,12 +187,52 @@ async fn delete(
         }),
         ..DeleteParams::default()
     };
-    match pods.delete(name, &params).await {
+    match api.delete(name, &params).await {
         Ok(_) => Ok(()),
-        // Gone, or a newer pod of the same name: not ours to delete.
+        // Gone, or a newer object of the same name: not ours to delete.
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
         Err(e) => Err(kube_error(action)(e)),
     }
+}
+
+/// Deletes the pods and Secrets the runner container hooks made for the
+/// runner's jobs, each by its uid (one made again since under the same name
+/// is the next look's to find), those already going left alone.
+async fn delete_hook_objects(
+    runner: &EphemeralRunner,
+    pods: &Api<Pod>,
+    secrets: &Api<Secret>,
+) -> Result<(), EphemeralRunnerError> {
+    let selector = super::observe::hook_selector(runner);
+    let pod_list = pods
+        .list_metadata(&selector)
+        .await
+        .map_err(kube_error("list the container hooks' pods"))?;
+    for pod in pod_list
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+    {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        delete(
+            pods,
+            &pod.name_any(),
+            &uid,
+            None,
+            "delete a container hooks' pod",
+        )
+        .await?;
+    }
+    let secret_list = secrets
+        .list_metadata(&selector)
+        .await
+        .map_err(kube_error("list the container hooks' Secrets"))?;
+    for secret in &secret_list.items {
+        let uid = secret.metadata.uid.clone().unwrap_or_default();
+        let action = "delete a container hooks' Secret";
+        delete(secrets, &secret.name_any(), &uid, None, action).await?;
+    }
+    Ok(())
 }
 
 /// Registers the runner, stores its JIT config in its Secret, and, for a

@@ -14,7 +14,7 @@ use super::plan::{
 use super::resources::read_jit_secret;
 use super::{Context, EphemeralRunnerError, github_target, kube_error};
 use crate::actions::ActionsError;
-use crate::api::{EphemeralRunner, EphemeralRunnerPhase, labels};
+use crate::api::{EphemeralRunner, EphemeralRunnerPhase, annotations, labels};
 use crate::unregistration::Removal;
 
 /// Whether `object` is owned by `runner` (a same-named object someone else
@@ -67,12 +67,22 @@ pub(super) fn pod_view(pod: &Pod) -> PodView {
         .flatten()
         .find(|c| c.type_ == "Initialized" && c.status == "True")
         .map(|c| c.last_transition_time.as_ref().map(|t| t.0));
-    let init_failed = status.init_container_statuses.iter().flatten().any(|c| {
-        c.state
-            .as_ref()
-            .and_then(|s| s.terminated.as_ref())
-            .is_some_and(|t| t.exit_code != 0)
-    });
+    let failed_init_containers = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .filter(|c| {
+            c.state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .is_some_and(|t| t.exit_code != 0)
+        })
+        .map(|c| c.name.clone())
+        .collect();
+    let eviction_protected = pod
+        .annotations()
+        .get(annotations::SAFE_TO_EVICT)
+        .is_some_and(|v| v == "false");
     let ready = status
         .conditions
         .iter()
@@ -100,7 +110,8 @@ pub(super) fn pod_view(pod: &Pod) -> PodView {
         // to have initialised the pod when it was created.
         registration_clock: runner_started.or_else(|| initialized.map(|t| t.unwrap_or(created))),
         failed,
-        init_failed,
+        failed_init_containers,
+        eviction_protected,
         ready,
         finished,
         failure_message,
@@ -231,6 +242,7 @@ fn settled_in_cache<'a>(runner: &'a EphemeralRunner, ctx: &Context) -> Option<Pl
         presence: None,
         registered_by_name: None,
         held: None,
+        hook_objects: None,
         refused_pod: None,
         now: Timestamp::now(),
     };
@@ -271,10 +283,45 @@ pub fn replay(
         presence: None,
         registered_by_name,
         held: None,
+        hook_objects: None,
         refused_pod: None,
         now,
     };
     plan::plan(&observed, settings)
+}
+
+/// The selector of the pods and Secrets the runner container hooks made for
+/// the runner's jobs.
+pub(super) fn hook_selector(runner: &EphemeralRunner) -> ListParams {
+    ListParams::default().labels(&format!(
+        "{}={}",
+        labels::arc::HOOK_RUNNER_POD,
+        runner.name_any()
+    ))
+}
+
+/// How many pods and Secrets the hooks made for the runner are not being
+/// deleted yet (metadata only: their specs and data are not the
+/// controller's business).
+async fn hook_objects(
+    runner: &EphemeralRunner,
+    ctx: &Context,
+) -> Result<usize, EphemeralRunnerError> {
+    let namespace = runner.namespace().unwrap_or_default();
+    let selector = hook_selector(runner);
+    let pods: Api<Pod> = Api::namespaced(ctx.deps.client.clone(), &namespace);
+    let secrets: Api<Secret> = Api::namespaced(ctx.deps.client.clone(), &namespace);
+    let live = |meta: &kube::api::ObjectMeta| meta.deletion_timestamp.is_none();
+    let pods = pods
+        .list_metadata(&selector)
+        .await
+        .map_err(kube_error("list the container hooks' pods"))?;
+    let secrets = secrets
+        .list_metadata(&selector)
+        .await
+        .map_err(kube_error("list the container hooks' Secrets"))?;
+    Ok(pods.items.iter().filter(|p| live(&p.metadata)).count()
+        + secrets.items.iter().filter(|s| live(&s.metadata)).count())
 }
 
 /// Reads the runner's pod and Secret, asks the pool about its registration,
@@ -313,12 +360,13 @@ pub(super) async fn observe_and_plan<'a>(
         presence: None,
         registered_by_name: None,
         held: None,
+        hook_objects: None,
         refused_pod: None,
         now: Timestamp::now(),
     };
     let mut hold_gate = None;
-    // Each need is answered once, so this ends after at most four rounds.
-    for _ in 0..4 {
+    // Each need is answered once, so this ends after at most five rounds.
+    for _ in 0..5 {
         match plan::plan(&observed, &ctx.config.settings) {
             Ok(plan) => {
                 return Ok(Planned {
@@ -355,6 +403,9 @@ pub(super) async fn observe_and_plan<'a>(
                     );
                 }
                 observed.registered_by_name = Some(found.map(|f| f.id));
+            }
+            Err(Need::HookObjects) => {
+                observed.hook_objects = Some(hook_objects(runner, ctx).await?);
             }
             Err(Need::Presence(runner_id)) => {
                 let client = ctx.deps.clients.get(&github_target(runner)).await?;
@@ -422,7 +473,7 @@ mod tests {
     fn a_runner_still_initialising_is_pending_and_never_idle() {
         let view = pod_view(&initialising_pod());
         assert_eq!(view.runner, RunnerContainer::Waiting);
-        assert!(!view.ready && !view.init_failed && !view.failed);
+        assert!(!view.ready && view.failed_init_containers.is_empty() && !view.failed);
 
         // Registered before its pod was made, five minutes into its setup
         // (within the registration timeout, which counts the setup too),
@@ -469,6 +520,7 @@ mod tests {
             presence: None,
             registered_by_name: None,
             held: None,
+            hook_objects: None,
             refused_pod: None,
             now: view.created + jiff::SignedDuration::from_mins(5),
         };

@@ -5,7 +5,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, Pod, PodSpec, Secret, SecretKeySelector};
+use k8s_openapi::api::core::v1::{
+    ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, KeyToPath, Pod, PodSpec, Secret,
+    SecretKeySelector, Volume, VolumeMount,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
@@ -272,8 +275,18 @@ pub fn runner_pod(runner: &EphemeralRunner, user_agent: &str) -> Pod {
             ..EnvVar::default()
         });
     }
+    add_proxy(runner, &mut spec);
+    add_server_ca(runner, &mut spec);
     let mut annotations = template_meta.annotations;
     mark_renewal(runner, &mut annotations);
+    if runner.spec.protect_busy_runners == Some(true) {
+        // Idle, its node may go: the autoscaler would otherwise keep a pod
+        // with local storage (dind's volumes). Marked "false" once busy.
+        annotations
+            .get_or_insert_with(BTreeMap::new)
+            .entry(crate::api::annotations::SAFE_TO_EVICT.to_owned())
+            .or_insert_with(|| "true".to_owned());
+    }
     Pod {
         metadata: ObjectMeta {
             name: Some(name),
@@ -288,11 +301,138 @@ pub fn runner_pod(runner: &EphemeralRunner, user_agent: &str) -> Pod {
     }
 }
 
+/// The keys of the runner proxy Secret (ARC's), one per variable the
+/// runner container gets from it.
+pub mod proxy_keys {
+    /// The proxy for `http://` URLs, credentials included.
+    pub const HTTP: &str = "http_proxy";
+    /// The proxy for `https://` URLs, credentials included.
+    pub const HTTPS: &str = "https_proxy";
+    /// The hosts reached directly, comma-separated.
+    pub const NO_PROXY: &str = "no_proxy";
+}
+
+/// The runner container of `spec`, if it has one.
+fn runner_container(spec: &mut PodSpec) -> Option<&mut Container> {
+    spec.containers
+        .iter_mut()
+        .find(|c| c.name == RUNNER_CONTAINER)
+}
+
+/// Appends `var` to `env` unless the template already sets a variable of
+/// that name: what the template says is kept, as ARC's chart keeps it.
+fn add_env(env: &mut Vec<EnvVar>, var: EnvVar) {
+    if !env.iter().any(|e| e.name == var.name) {
+        env.push(var);
+    }
+}
+
+/// The proxy variables, as ARC sets them: each read from the runner proxy
+/// Secret the set's controller keeps (`spec.proxySecretRef`), since a proxy
+/// URL carries its credentials and the pod spec is readable by anyone who
+/// can list pods. Only the variables the spec's proxy has are set.
+fn add_proxy(runner: &EphemeralRunner, spec: &mut PodSpec) {
+    let (Some(proxy), Some(secret)) = (&runner.spec.proxy, &runner.spec.proxy_secret_ref) else {
+        return;
+    };
+    let Some(container) = runner_container(spec) else {
+        return;
+    };
+    let env = container.env.get_or_insert_with(Vec::new);
+    let wanted = [
+        (proxy_keys::HTTP, proxy.http.is_some()),
+        (proxy_keys::HTTPS, proxy.https.is_some()),
+        (proxy_keys::NO_PROXY, !proxy.no_proxy.is_empty()),
+    ];
+    for (key, _) in wanted.into_iter().filter(|(_, wanted)| *wanted) {
+        add_env(
+            env,
+            EnvVar {
+                name: key.to_owned(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: secret.clone(),
+                        key: key.to_owned(),
+                        optional: Some(false),
+                    }),
+                    ..EnvVarSource::default()
+                }),
+                ..EnvVar::default()
+            },
+        );
+    }
+}
+
+/// The volume the server's CA bundle is mounted from (ARC's name).
+pub const SERVER_CA_VOLUME: &str = "github-server-tls-cert";
+
+/// The CA bundle of `githubServerTLS`, mounted into the runner container at
+/// `runnerMountPath` as ARC's chart mounts it: the ConfigMap's key as a file
+/// of that name, `NODE_EXTRA_CA_CERTS` naming it (the runner and Node
+/// actions read it), `RUNNER_UPDATE_CA_CERTS=1` (the runner adds it to the
+/// system store). A volume, mount or variable the template already has is
+/// kept as it is.
+fn add_server_ca(runner: &EphemeralRunner, spec: &mut PodSpec) {
+    let Some(tls) = &runner.spec.github_server_tls else {
+        return;
+    };
+    let (Some(dir), Some(source)) = (
+        &tls.runner_mount_path,
+        tls.certificate_from
+            .as_ref()
+            .and_then(|from| from.config_map_key_ref.as_ref()),
+    ) else {
+        return;
+    };
+    let path = format!("{}/{}", dir.trim_end_matches('/'), source.key);
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    if !volumes.iter().any(|v| v.name == SERVER_CA_VOLUME) {
+        volumes.push(Volume {
+            name: SERVER_CA_VOLUME.to_owned(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: source.name.clone(),
+                items: Some(vec![KeyToPath {
+                    key: source.key.clone(),
+                    path: source.key.clone(),
+                    ..KeyToPath::default()
+                }]),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+    let Some(container) = runner_container(spec) else {
+        return;
+    };
+    let mounts = container.volume_mounts.get_or_insert_with(Vec::new);
+    if !mounts.iter().any(|m| m.name == SERVER_CA_VOLUME) {
+        mounts.push(VolumeMount {
+            name: SERVER_CA_VOLUME.to_owned(),
+            mount_path: path.clone(),
+            sub_path: Some(source.key.clone()),
+            ..VolumeMount::default()
+        });
+    }
+    let env = container.env.get_or_insert_with(Vec::new);
+    for (name, value) in [
+        ("NODE_EXTRA_CA_CERTS", path),
+        ("RUNNER_UPDATE_CA_CERTS", "1".to_owned()),
+    ] {
+        add_env(
+            env,
+            EnvVar {
+                name: name.to_owned(),
+                value: Some(value),
+                ..EnvVar::default()
+            },
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::EphemeralRunnerSpec;
-    use k8s_openapi::api::core::v1::Container;
 
     fn runner() -> EphemeralRunner {
         let mut runner = EphemeralRunner::new(
@@ -359,6 +499,115 @@ mod tests {
         assert_eq!(
             spec.containers[1].env, None,
             "only the runner container is changed"
+        );
+    }
+
+    fn env_of(pod: &Pod) -> Vec<EnvVar> {
+        pod.spec.as_ref().unwrap().containers[0]
+            .env
+            .clone()
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn proxy_variables_come_from_the_proxy_secret_never_literally() {
+        use crate::api::shared::{ProxyServer, ProxySpec};
+        let mut runner = runner();
+        runner.spec.proxy = Some(ProxySpec {
+            https: Some(ProxyServer {
+                url: "http://proxy:3128".into(),
+                credential_secret_ref: Some("proxy-auth".into()),
+            }),
+            no_proxy: vec!["internal".into()],
+            ..ProxySpec::default()
+        });
+        // No Secret made for it yet: nothing to point at.
+        assert!(
+            !env_of(&runner_pod(&runner, "ua"))
+                .iter()
+                .any(|e| e.name.ends_with("_proxy"))
+        );
+        runner.spec.proxy_secret_ref = Some("set-runner-proxy".into());
+        let env = env_of(&runner_pod(&runner, "ua"));
+        let proxies: Vec<_> = env.iter().filter(|e| e.name.ends_with("_proxy")).collect();
+        assert_eq!(
+            proxies.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+            ["https_proxy", "no_proxy"],
+            "only what the spec has"
+        );
+        for var in proxies {
+            assert_eq!(var.value, None, "{var:?}");
+            let from = var
+                .value_from
+                .as_ref()
+                .unwrap()
+                .secret_key_ref
+                .as_ref()
+                .unwrap();
+            assert_eq!(
+                (from.name.as_str(), from.key.as_str()),
+                ("set-runner-proxy", var.name.as_str())
+            );
+        }
+        // The template's own setting stays.
+        runner.spec.spec.containers[0].env = Some(vec![EnvVar {
+            name: "https_proxy".into(),
+            value: Some("http://mine:8080".into()),
+            ..EnvVar::default()
+        }]);
+        let env = env_of(&runner_pod(&runner, "ua"));
+        let https: Vec<_> = env.iter().filter(|e| e.name == "https_proxy").collect();
+        assert_eq!(https.len(), 1);
+        assert_eq!(https[0].value.as_deref(), Some("http://mine:8080"));
+    }
+
+    #[test]
+    fn the_server_ca_is_mounted_where_runner_mount_path_says_as_arc_mounts_it() {
+        use crate::api::shared::{GitHubServerTls, TlsCertificateSource};
+        use k8s_openapi::api::core::v1::ConfigMapKeySelector;
+        let mut runner = runner();
+        let tls = |mount: Option<&str>| GitHubServerTls {
+            certificate_from: Some(TlsCertificateSource {
+                config_map_key_ref: Some(ConfigMapKeySelector {
+                    name: "ghes-ca".into(),
+                    key: "ca.crt".into(),
+                    optional: None,
+                }),
+            }),
+            runner_mount_path: mount.map(str::to_owned),
+        };
+        runner.spec.github_server_tls = Some(tls(None));
+        let pod = runner_pod(&runner, "ua");
+        assert_eq!(
+            pod.spec.as_ref().unwrap().volumes,
+            None,
+            "the controller's only"
+        );
+        runner.spec.github_server_tls = Some(tls(Some("/usr/local/share/ca-certificates/")));
+        let pod = runner_pod(&runner, "ua");
+        let spec = pod.spec.as_ref().unwrap();
+        let volume = &spec.volumes.as_ref().unwrap()[0];
+        assert_eq!(volume.name, SERVER_CA_VOLUME);
+        let map = volume.config_map.as_ref().unwrap();
+        assert_eq!(map.name, "ghes-ca");
+        assert_eq!(map.items.as_ref().unwrap()[0].path, "ca.crt");
+        let mount = &spec.containers[0].volume_mounts.as_ref().unwrap()[0];
+        assert_eq!(mount.mount_path, "/usr/local/share/ca-certificates/ca.crt");
+        assert_eq!(mount.sub_path.as_deref(), Some("ca.crt"));
+        let env = env_of(&pod);
+        let value = |name: &str| {
+            env.iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(
+            value("NODE_EXTRA_CA_CERTS").as_deref(),
+            Some("/usr/local/share/ca-certificates/ca.crt")
+        );
+        assert_eq!(value("RUNNER_UPDATE_CA_CERTS").as_deref(), Some("1"));
+        assert_eq!(
+            spec.containers[1].volume_mounts, None,
+            "only the runner container"
         );
     }
 

@@ -7,6 +7,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::api::EphemeralRunnerSetStatus;
+use crate::listener::metrics::ScaleSetLabels;
+
 /// Labels naming one set.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SetLabels {
@@ -42,6 +45,17 @@ pub struct SetMetrics {
     pub desired: Family<SetLabels, Gauge>,
     /// `arcwright_ephemeral_runner_set_current_runners{namespace,name}`.
     pub current: Family<SetLabels, Gauge>,
+    /// ARC's `gha_controller_pending_ephemeral_runners`,
+    /// `..._running_...` and `..._failed_...`, labelled as ARC labels them.
+    pub arc_pending: Family<ScaleSetLabels, Gauge>,
+    /// See `arc_pending`.
+    pub arc_running: Family<ScaleSetLabels, Gauge>,
+    /// See `arc_pending`.
+    pub arc_failed: Family<ScaleSetLabels, Gauge>,
+    /// The ARC labels each set's counts were recorded under, so they go
+    /// with it.
+    arc_labels:
+        std::sync::Arc<std::sync::Mutex<std::collections::HashMap<SetLabels, ScaleSetLabels>>>,
     /// The sets reconciled and not deleted since: a runner event is counted
     /// only for one of them, so a late event about a deleted set's runner
     /// does not bring the set's series back.
@@ -72,7 +86,52 @@ impl SetMetrics {
             "Pending, running and failed runners of an EphemeralRunnerSet",
             metrics.current.clone(),
         );
+        for (name, help, family) in [
+            (
+                "gha_controller_pending_ephemeral_runners",
+                "EphemeralRunners of the scale set that are pending",
+                &metrics.arc_pending,
+            ),
+            (
+                "gha_controller_running_ephemeral_runners",
+                "EphemeralRunners of the scale set that are running",
+                &metrics.arc_running,
+            ),
+            (
+                "gha_controller_failed_ephemeral_runners",
+                "EphemeralRunners of the scale set that failed",
+                &metrics.arc_failed,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
         metrics
+    }
+
+    /// Records the set's runner counts as its status has them, under
+    /// arcwright's names and ARC's.
+    pub fn counts(
+        &self,
+        labels: &SetLabels,
+        arc: &ScaleSetLabels,
+        status: &EphemeralRunnerSetStatus,
+    ) {
+        self.current
+            .get_or_create(labels)
+            .set(i64::from(status.current_replicas));
+        self.arc_pending
+            .get_or_create(arc)
+            .set(i64::from(status.pending_ephemeral_runners));
+        self.arc_running
+            .get_or_create(arc)
+            .set(i64::from(status.running_ephemeral_runners));
+        self.arc_failed
+            .get_or_create(arc)
+            .set(i64::from(status.failed_ephemeral_runners));
+        self.arc_labels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(labels.clone(), arc.clone());
     }
 
     /// Removes every series of the set `labels` names: it is deleted.
@@ -81,6 +140,16 @@ impl SetMetrics {
         self.reconciles.remove(labels);
         self.desired.remove(labels);
         self.current.remove(labels);
+        let arc = self
+            .arc_labels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(labels);
+        if let Some(arc) = arc {
+            self.arc_pending.remove(&arc);
+            self.arc_running.remove(&arc);
+            self.arc_failed.remove(&arc);
+        }
         for outcome in ["delivered", "dropped"] {
             self.runner_updates.remove(&RunnerUpdateLabels {
                 namespace: labels.namespace.clone(),
@@ -161,11 +230,26 @@ mod tests {
         metrics.reconciled(&labels);
         metrics.runner_update("ns", "set", false);
         metrics.desired.get_or_create(&labels).set(3);
+        let arc = ScaleSetLabels::new("ns", "set", "https://github.com/octo/hello");
+        metrics.counts(
+            &labels,
+            &arc,
+            &EphemeralRunnerSetStatus {
+                current_replicas: 3,
+                pending_ephemeral_runners: 1,
+                running_ephemeral_runners: 2,
+                ..EphemeralRunnerSetStatus::default()
+            },
+        );
         let text = encode(&registry);
         for line in [
             r#"arcwright_ephemeral_runner_set_runner_updates_total{namespace="ns",name="set",outcome="dropped"} 1"#,
             r#"arcwright_ephemeral_runner_set_desired_runners{namespace="ns",name="set"} 3"#,
             r#"arcwright_ephemeral_runner_set_reconciles_total{namespace="ns",name="set"} 1"#,
+            r#"arcwright_ephemeral_runner_set_current_runners{namespace="ns",name="set"} 3"#,
+            r#"gha_controller_pending_ephemeral_runners{name="set",namespace="ns",enterprise="",organization="octo",repository="hello"} 1"#,
+            r#"gha_controller_running_ephemeral_runners{name="set",namespace="ns",enterprise="",organization="octo",repository="hello"} 2"#,
+            r#"gha_controller_failed_ephemeral_runners{name="set",namespace="ns",enterprise="",organization="octo",repository="hello"} 0"#,
         ] {
             assert!(text.contains(line), "{line}\n{text}");
         }

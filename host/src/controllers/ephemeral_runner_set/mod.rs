@@ -191,12 +191,6 @@ async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Ac
         for notice in plan.status_events.iter().cloned() {
             apply.publish(notice).await;
         }
-        if ctx.recall(&observed.uid).released.is_none() {
-            ctx.metrics
-                .current
-                .get_or_create(&observed.metric_labels)
-                .set(i64::from(status.current_replicas));
-        }
     }
     if plan.remove_finalizer {
         apply.remove_finalizer().await?;
@@ -204,11 +198,17 @@ async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Ac
         return Ok(Action::await_change());
     }
     // Unless the set went while this pass ran (its series are gone then).
+    // The counts are the status as written now, or as it stands: a host
+    // that just started reports them before anything changes.
     if ctx.recall(&observed.uid).released.is_none() {
         ctx.metrics
             .desired
             .get_or_create(&observed.metric_labels)
             .set(i64::from(set.spec.replicas));
+        if let Some(status) = plan.status.as_ref().or(set.status.as_ref()) {
+            ctx.metrics
+                .counts(&observed.metric_labels, &observed.arc_labels, status);
+        }
     }
     Ok(Action::requeue(plan.requeue))
 }

@@ -27,6 +27,8 @@ pub(super) struct Observed {
     pub uid: String,
     /// The set's namespace and name, as its metrics are labelled.
     pub metric_labels: SetLabels,
+    /// Its labels on ARC's metrics.
+    pub arc_labels: crate::listener::metrics::ScaleSetLabels,
     /// The set as the plan sees it, with what the controller remembers.
     pub set: SetView,
     /// Its runners as listed, for the writes that name the version read.
@@ -77,6 +79,11 @@ pub(super) async fn observe(set: &EphemeralRunnerSet, ctx: &Context) -> Result<O
     Ok(Observed {
         set: set_view(set, &memory, ctx.runner_cap),
         uid,
+        arc_labels: crate::listener::metrics::ScaleSetLabels::new(
+            &namespace,
+            &name,
+            &set.spec.ephemeral_runner_spec.github_config_url,
+        ),
         metric_labels: set_labels,
         runners,
         views,

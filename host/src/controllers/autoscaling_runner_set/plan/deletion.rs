@@ -73,6 +73,9 @@ pub struct DeletionObserved {
     /// Whether an admin asked to force the deletion
     /// ([`annotations::FORCE_DELETE`]).
     pub force: bool,
+    /// Whether an admin asked that the scale set stay registered
+    /// ([`annotations::KEEP_SCALE_SET`]): handed to another controller.
+    pub keep_scale_set: bool,
     /// The set's conditions.
     pub conditions: Vec<Condition>,
     /// `metadata.generation`.
@@ -160,6 +163,7 @@ pub fn plan_deletion(observed: &DeletionObserved) -> DeletionPlan {
         return waits(steps, "waiting for the EphemeralRunnerSet to go".into());
     }
     match observed.scale_set_id {
+        Some(_) if observed.keep_scale_set => {}
         Some(_) if !observed.secret_present && !observed.force => return blocked(observed, steps),
         Some(id) if observed.secret_present => steps.push(Step::DeleteScaleSet(id)),
         _ => {}
@@ -254,6 +258,7 @@ mod tests {
             secret_name: "github-auth".into(),
             former_credentials: None,
             force: false,
+            keep_scale_set: false,
             conditions: Vec::new(),
             generation: Some(2),
             now: at(0),
@@ -435,6 +440,21 @@ mod tests {
                 }),
                 vec![DeleteScaleSet(7), RemoveFinalizer],
                 Deletion::Done,
+            ),
+            (
+                "a scale set handed on stays registered",
+                Box::new(|o| {
+                    only_the_scale_set_left(o);
+                    o.keep_scale_set = true;
+                }),
+                vec![RemoveFinalizer],
+                Deletion::Done,
+            ),
+            (
+                "a scale set handed on has its runners removed first, busy ones waited for",
+                Box::new(|o| o.keep_scale_set = true),
+                vec![StopListener, PinRunnerSet, DeleteRunner("idle".into())],
+                wait("waiting for 1 runner(s) to finish their job"),
             ),
             (
                 "force never cancels a job",

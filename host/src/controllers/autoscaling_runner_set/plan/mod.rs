@@ -71,6 +71,12 @@
 //!     event per distinct failure; the next reconcile that settles removes
 //!     it ([`stalled`], [`failure`](super::failure); tests: `... stalled
 //!     ...`).
+//! 11. **The runners' proxy Secret** (`http_proxy`, `https_proxy`,
+//!     `no_proxy`, credentials in the URLs, as ARC keeps it) is written
+//!     before the runner spec that names it is published, whenever what it
+//!     should hold differs from what it holds, so runner pods never carry a
+//!     proxy password in their spec and a rotated password reaches the next
+//!     runner (tests: `... proxy ...`).
 
 mod deletion;
 #[cfg(test)]
@@ -279,6 +285,8 @@ pub enum Step {
     AnnotateScaleSetId(i64),
     /// Change the status.
     WriteStatus(StatusChange),
+    /// Write the runners' proxy Secret.
+    WriteRunnerProxy(ProxySecretData),
     /// Create or update the EphemeralRunnerSet.
     PublishRunnerSet(Box<RunnerSetPublication>),
     /// Pin the EphemeralRunnerSet at zero replicas and patch id 0: every
@@ -386,8 +394,30 @@ pub struct Observed {
     pub credentials_recorded: bool,
     /// The Secret the set records holding, when its spec now names another.
     pub former_credentials: Option<FormerCredentials>,
+    /// The runners' proxy Secret, when the spec has a proxy.
+    pub runner_proxy: Option<RunnerProxy>,
     /// Now, for the conditions' transition times.
     pub now: Timestamp,
+}
+
+/// What the runners' proxy Secret holds: proxy URLs with their
+/// credentials. Never printed: `Debug` names the keys only.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ProxySecretData(pub BTreeMap<String, String>);
+
+impl std::fmt::Debug for ProxySecretData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+/// The runners' proxy Secret, compared with what it should hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunnerProxy {
+    /// It holds what it should.
+    Current,
+    /// It is absent or holds something else; this is what it should hold.
+    Stale(ProxySecretData),
 }
 
 /// A credentials Secret the set held before its spec named another.
@@ -508,6 +538,10 @@ fn decide(observed: &Observed) -> Plan {
     // change wrote it already.
     if restart && !spec_changed {
         steps.push(Step::WriteStatus(StatusChange::Pending));
+    }
+    // Rule 11.
+    if let Some(RunnerProxy::Stale(data)) = &observed.runner_proxy {
+        steps.push(Step::WriteRunnerProxy(data.clone()));
     }
     if let Some(publication) = runner_set_step(observed, id, spec_changed) {
         steps.push(Step::PublishRunnerSet(Box::new(publication)));

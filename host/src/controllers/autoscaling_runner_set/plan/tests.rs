@@ -55,6 +55,7 @@ fn listener_for(id: i64, labels: &[(&str, &str)]) -> ListenerConfig {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         scaling_policy: None,
+        job_metrics: Default::default(),
     }
 }
 
@@ -141,6 +142,7 @@ fn settled() -> Observed {
         credentials_held: Some(true),
         credentials_recorded: true,
         former_credentials: None,
+        runner_proxy: None,
         now: at(100),
     }
 }
@@ -647,6 +649,46 @@ fn a_spec_above_the_hosts_runner_cap_says_so_until_it_is_within() {
             done(vec![write(running(2, at(0)))]),
         ),
     ]);
+}
+
+#[test]
+fn the_runners_proxy_secret_is_written_before_the_spec_naming_it_and_only_when_it_differs() {
+    let data = || {
+        ProxySecretData(BTreeMap::from([(
+            "https_proxy".to_owned(),
+            "http://user:p%40ss@proxy:3128/".to_owned(),
+        )]))
+    };
+    check(vec![
+        (
+            "a stale Secret is written",
+            Box::new(move |o| o.runner_proxy = Some(RunnerProxy::Stale(data()))),
+            done(vec![Step::WriteRunnerProxy(data())]),
+        ),
+        (
+            "a current one is left alone",
+            Box::new(|o| o.runner_proxy = Some(RunnerProxy::Current)),
+            done(vec![]),
+        ),
+        (
+            "before a new revision that names it",
+            Box::new(move |o| {
+                o.runner_proxy = Some(RunnerProxy::Stale(data()));
+                o.desired_runner_spec.proxy_secret_ref = Some("linux-runner-proxy".into());
+            }),
+            done(vec![
+                Step::WriteRunnerProxy(data()),
+                publish(2, {
+                    let mut spec = runner_spec(env_a("1"));
+                    spec.proxy_secret_ref = Some("linux-runner-proxy".into());
+                    spec
+                }),
+            ]),
+        ),
+    ]);
+    // Its credentials never reach a log line through the plan.
+    let printed = format!("{:?}", Step::WriteRunnerProxy(data()));
+    assert!(!printed.contains("p%40ss"), "{printed}");
 }
 
 #[test]

@@ -40,16 +40,39 @@ impl Keep {
 }
 
 /// Rule 1: a runner being deleted lets its finalizer go once its
-/// registration, and then its pod and Secret of any renewal, are gone.
+/// registration, and then its pod and Secret of any renewal and what the
+/// runner container hooks made for its jobs, are gone.
 pub(super) fn deleted(pass: &mut Pass<'_>) -> Result<(), Need> {
     let status = pass.status;
     if let Registration::Gone = ensure_gone(pass, status, true)? {
         let all = pass.all;
-        if clean_up(pass, all, Keep::Nothing) {
+        let owned_gone = clean_up(pass, all, Keep::Nothing);
+        if hook_objects_gone(pass)? && owned_gone {
             pass.step(Step::RemoveFinalizer);
         }
     }
     Ok(())
+}
+
+/// Whether the pods and Secrets the runner container hooks made for the
+/// runner are all gone or being deleted; deletes those that are not. Asked
+/// only once the registration is gone, since a job pod deleted earlier is a
+/// job killed. Those already being deleted are not waited for: a pod on a
+/// lost node would hold the runner forever, and nothing of the runner's
+/// needs them gone.
+fn hook_objects_gone(pass: &mut Pass<'_>) -> Result<bool, Need> {
+    if !super::uses_container_hooks(pass.obs.runner) {
+        return Ok(true);
+    }
+    match pass.obs.hook_objects {
+        None => Err(Need::HookObjects),
+        Some(0) => Ok(true),
+        Some(_) => {
+            pass.step(Step::DeleteHookObjects);
+            pass.requeue_after(Duration::from_secs(1));
+            Ok(false)
+        }
+    }
 }
 
 /// Rule 7: a runner that ended has its registration made gone, then its pod

@@ -226,8 +226,15 @@ pub struct PodView {
     pub registration_clock: Option<Timestamp>,
     /// The pod phase is Failed (evicted, a failed init container...).
     pub failed: bool,
-    /// An init container terminated non-zero.
-    pub init_failed: bool,
+    /// The init containers that terminated non-zero. A native sidecar
+    /// (`restartPolicy: Always`, dind's) among them is not a failed start:
+    /// the kubelet restarts it, and the plan leaves it out
+    /// ([`init_failed`]).
+    pub failed_init_containers: Vec<String>,
+    /// Whether the kubelet marks the pod to be kept from node scale-down
+    /// (`safe-to-evict: "false"`), which a busy runner's pod gets when its
+    /// scale set protects busy runners.
+    pub eviction_protected: bool,
     /// The pod's Ready condition.
     pub ready: bool,
     /// When the runner container terminated, if it did and the kubelet
@@ -311,6 +318,10 @@ pub struct Observed<'a> {
     /// How many other runners of the same scale set are held for
     /// debugging, when the plan asked for it.
     pub held: Option<usize>,
+    /// How many pods and Secrets the runner container hooks made for the
+    /// runner are not yet being deleted, when the plan asked
+    /// ([`Need::HookObjects`]).
+    pub hook_objects: Option<usize>,
     /// Why the API server refused the runner pod this reconcile asked for
     /// (a 422: the pod the template makes is invalid), when it did.
     pub refused_pod: Option<String>,
@@ -331,6 +342,9 @@ pub enum Need {
     /// registration, but a host that stopped between registering it and
     /// storing its JIT config left one nobody records.
     RegistrationByName,
+    /// Count the pods and Secrets the runner container hooks made for the
+    /// runner (label `runner-pod=<runner>`) that are not being deleted.
+    HookObjects,
 }
 
 /// One thing to do.
@@ -370,8 +384,18 @@ pub enum Step {
         /// The pod's uid.
         uid: String,
     },
+    /// Mark the busy runner's pod (this uid) to be kept from node
+    /// scale-down: `safe-to-evict: "false"` and `do-not-disrupt: "true"`.
+    ProtectFromEviction {
+        /// The pod's uid.
+        uid: String,
+    },
     /// Delete the JIT config Secret.
     DeleteSecret,
+    /// Delete the pods and Secrets the runner container hooks made for the
+    /// runner's jobs (label `runner-pod=<runner>`), as ARC's finalizer does:
+    /// nothing owns them, so nothing else would.
+    DeleteHookObjects,
     /// Hand the removal of this registration to the pool.
     Deregister {
         /// The registration.
@@ -513,6 +537,42 @@ impl Pass<'_> {
 
 fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
     Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO)
+}
+
+/// The variable that turns the runner container hooks on (ARC's kubernetes
+/// container modes): the runner then creates a pod of its own for each job.
+pub const CONTAINER_HOOKS_ENV: &str = "ACTIONS_RUNNER_CONTAINER_HOOKS";
+
+/// Whether the runner's jobs run in pods the runner container hooks create
+/// (and label [`crate::api::labels::arc::HOOK_RUNNER_POD`]), as ARC tells:
+/// the runner container sets [`CONTAINER_HOOKS_ENV`].
+pub fn uses_container_hooks(runner: &EphemeralRunner) -> bool {
+    runner
+        .spec
+        .spec
+        .containers
+        .iter()
+        .filter(|c| c.name == RUNNER_CONTAINER)
+        .flat_map(|c| c.env.iter().flatten())
+        .any(|e| e.name == CONTAINER_HOOKS_ENV)
+}
+
+/// Whether an init container of the pod failed, leaving out the native
+/// sidecars of the runner's template (restarted by the kubelet, not a
+/// failure of the pod's start).
+fn init_failed(runner: &EphemeralRunner, pod: &PodView) -> bool {
+    let sidecars: Vec<&str> = runner
+        .spec
+        .spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+        .map(|c| c.name.as_str())
+        .collect();
+    pod.failed_init_containers
+        .iter()
+        .any(|name| !sidecars.contains(&name.as_str()))
 }
 
 fn has_runner_container(runner: &EphemeralRunner) -> bool {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::delete::{Registration, ensure_gone};
-use super::{Need, OUTDATED_EXIT_CODE, Pass, PodView, Presence, RunnerContainer, elapsed};
+use super::{Need, OUTDATED_EXIT_CODE, Pass, PodView, Presence, RunnerContainer, Step, elapsed};
 use super::{hold, recycle};
 use crate::api::EphemeralRunnerPhase;
 use crate::api::ephemeral_runner::hold::{Hold, parse_duration};
@@ -82,11 +82,12 @@ pub(super) fn running(pass: &mut Pass<'_>, pod: &PodView) -> Result<(), Need> {
             return Ok(());
         }
     }
-    if exit.is_some() || pod.failed || pod.init_failed {
+    let init_failed = super::init_failed(obs.runner, pod);
+    if exit.is_some() || pod.failed || init_failed {
         let why = match (exit, &pod.failure_message) {
             (Some(exit), _) => format!("the runner exited {} ({})", exit.code, exit.reason),
             (None, Some(message)) => format!("the pod failed: {message}"),
-            (None, None) if pod.init_failed => "an init container failed".to_string(),
+            (None, None) if init_failed => "an init container failed".to_string(),
             (None, None) => "the pod failed".to_string(),
         };
         if status.has_job() {
@@ -115,6 +116,17 @@ pub(super) fn running(pass: &mut Pass<'_>, pod: &PodView) -> Result<(), Need> {
     }
     if status.ready != pod.ready {
         pass.change.ready(pod.ready);
+    }
+    // A busy runner's node is kept from scale-down when its set asks: one
+    // pod write per job, the idle pod having been created evictable.
+    if obs.runner.spec.protect_busy_runners == Some(true)
+        && status.has_job()
+        && pod.runner == RunnerContainer::Running
+        && !pod.eviction_protected
+    {
+        pass.step(Step::ProtectFromEviction {
+            uid: pod.uid.clone(),
+        });
     }
 
     if let Some(max_idle_age) = recycle::max_idle_age(obs.runner)
@@ -198,7 +210,9 @@ fn job_failure(pass: &Pass<'_>, exit: Option<Exit<'_>>, pod: &PodView) -> Option
             ..
         }) => None,
         Some(_) => Some(HoldCause::RunnerExited),
-        None if pod.failed || pod.init_failed => Some(HoldCause::PodFailed),
+        None if pod.failed || super::init_failed(pass.obs.runner, pod) => {
+            Some(HoldCause::PodFailed)
+        }
         None => None,
     }
 }

@@ -184,6 +184,41 @@ fn a_pod_stuck_terminating_is_force_deleted_after_the_bound() {
 }
 
 #[test]
+fn a_deleted_runner_using_container_hooks_deletes_their_objects_once_its_registration_is_gone() {
+    let deleting = || {
+        Runner::new()
+            .with_container_hooks()
+            .registered(7)
+            .phase(Running)
+            .deleting()
+    };
+    // While the registration may still take a job, the job's pods are not
+    // even looked at: deleting them would kill the job.
+    let steps = case(deleting())
+        .secret(7)
+        .pod(pod(RunnerContainer::Running))
+        .pool(PoolView::Claimed)
+        .steps();
+    assert_eq!(kinds(&steps), Vec::<&str>::new());
+    // Gone: the hooks' objects are asked about, with the pod and Secret.
+    let gone = || deleting().gone(RegisteredReason::Removed);
+    let need = case(gone()).secret(7).run().unwrap_err();
+    assert_eq!(need, Need::HookObjects);
+    let plan = case(gone()).secret(7).hook_objects(2).run().unwrap();
+    assert_eq!(
+        kinds(&plan.steps),
+        vec!["delete-secret", "delete-hook-objects"]
+    );
+    assert!(plan.requeue.is_some(), "looked at again until they go");
+    // All gone or going: the finalizer goes.
+    let steps = case(gone()).hook_objects(0).steps();
+    assert_eq!(kinds(&steps), vec!["remove-finalizer"]);
+    // A runner without hooks never asks.
+    let steps = case(Runner::new().deleting().gone(RegisteredReason::Removed)).steps();
+    assert_eq!(kinds(&steps), vec!["remove-finalizer"]);
+}
+
+#[test]
 fn deletion_holds_the_finalizer_until_everything_is_gone() {
     let deleting = || Runner::new().registered(7).phase(Running).deleting();
     assert!(matches!(

@@ -281,3 +281,97 @@ fn a_later_registration_is_recorded_with_the_registration_step() {
     assert_eq!(conditions[1].status, "True");
     assert_eq!(conditions[1].last_transition_time, Time(at(10)));
 }
+
+#[test]
+fn a_busy_runner_of_a_set_that_protects_them_is_marked_once_and_only_while_busy() {
+    let protecting = || {
+        let mut runner = Runner::new()
+            .registered(7)
+            .phase(Running)
+            .status(|s| s.ready = true);
+        runner.0.spec.protect_busy_runners = Some(true);
+        runner
+    };
+    let running = || PodView {
+        ready: true,
+        ..pod(RunnerContainer::Running)
+    };
+    // Idle: nothing to write.
+    let steps = case(protecting()).secret(7).pod(running()).steps();
+    assert_eq!(kinds(&steps), Vec::<&str>::new());
+    // Busy: marked, the pod named by its uid.
+    let steps = case(protecting().with_job())
+        .secret(7)
+        .pod(running())
+        .steps();
+    assert_eq!(
+        steps,
+        vec![Step::ProtectFromEviction {
+            uid: "pod-1".into()
+        }]
+    );
+    // Marked already: no second write.
+    let marked = PodView {
+        eviction_protected: true,
+        ..running()
+    };
+    let steps = case(protecting().with_job()).secret(7).pod(marked).steps();
+    assert_eq!(kinds(&steps), Vec::<&str>::new());
+    // A set that does not ask never marks.
+    let steps = case(
+        Runner::new()
+            .registered(7)
+            .phase(Running)
+            .status(|s| s.ready = true)
+            .with_job(),
+    )
+    .secret(7)
+    .pod(running())
+    .steps();
+    assert!(
+        !kinds(&steps).contains(&"protect-from-eviction"),
+        "{steps:?}"
+    );
+}
+
+#[test]
+fn a_restarting_native_sidecar_is_no_failed_start() {
+    let with_sidecar = || {
+        let mut runner = Runner::new()
+            .registered(7)
+            .phase(Running)
+            .status(|s| s.ready = true);
+        runner.0.spec.spec.init_containers = Some(vec![
+            Container {
+                name: "dind".into(),
+                restart_policy: Some("Always".into()),
+                ..Container::default()
+            },
+            Container {
+                name: "setup".into(),
+                ..Container::default()
+            },
+        ]);
+        runner
+    };
+    let crashed = |name: &str| PodView {
+        ready: true,
+        failed_init_containers: vec![name.into()],
+        ..pod(RunnerContainer::Running)
+    };
+    let steps = case(with_sidecar()).secret(7).pod(crashed("dind")).steps();
+    assert!(!kinds(&steps).contains(&"delete-pod"), "{steps:?}");
+    assert!(!kinds(&steps).contains(&"deregister"), "{steps:?}");
+    // An ordinary init container that failed is one.
+    let plan = case(with_sidecar())
+        .secret(7)
+        .pod(crashed("setup"))
+        .verdict(Verdict::RemoveNow)
+        .run();
+    let steps = plan.unwrap().steps;
+    assert!(kinds(&steps).contains(&"deregister"), "{steps:?}");
+    assert!(
+        steps.iter().any(|s| matches!(s, Step::Event { note, .. } if note.starts_with("an init container failed"))),
+        "{steps:?}"
+    );
+}

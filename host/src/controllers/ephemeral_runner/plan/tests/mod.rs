@@ -138,6 +138,16 @@ impl Runner {
             .insert(crate::api::annotations::HOLD_UNTIL.into(), value.into());
         self
     }
+    /// Its jobs run in pods of the runner container hooks (a kubernetes
+    /// container mode).
+    pub(super) fn with_container_hooks(mut self) -> Self {
+        self.0.spec.spec.containers[0].env = Some(vec![k8s_openapi::api::core::v1::EnvVar {
+            name: CONTAINER_HOOKS_ENV.into(),
+            value: Some("/home/runner/k8s/index.js".into()),
+            ..Default::default()
+        }]);
+        self
+    }
     pub(super) fn without_runner_container(mut self) -> Self {
         self.0.spec.spec.containers[0].name = "main".into();
         self
@@ -180,7 +190,8 @@ pub(super) fn pod(runner: RunnerContainer) -> PodView {
         registration_clock: Some(at(0)),
         runner,
         failed: false,
-        init_failed: false,
+        failed_init_containers: Vec::new(),
+        eviction_protected: false,
         failure_message: None,
         renewal: 0,
     }
@@ -213,6 +224,7 @@ pub(super) struct Case {
     pub(super) presence: Option<Presence>,
     pub(super) registered_by_name: Option<Option<i64>>,
     pub(super) held: Option<usize>,
+    pub(super) hook_objects: Option<usize>,
     pub(super) refused_pod: Option<String>,
     pub(super) now: i64,
 }
@@ -229,6 +241,7 @@ pub(super) fn case(runner: Runner) -> Case {
         // case but those about unrecorded registrations assumes.
         registered_by_name: Some(None),
         held: None,
+        hook_objects: None,
         refused_pod: None,
         now: 10,
     }
@@ -271,6 +284,12 @@ impl Case {
         self.held = Some(held);
         self
     }
+    /// How many objects of the runner container hooks are not being
+    /// deleted.
+    pub(super) fn hook_objects(mut self, live: usize) -> Self {
+        self.hook_objects = Some(live);
+        self
+    }
     /// The pod and Secret there were made for renewal `renewal`.
     pub(super) fn made_for(mut self, renewal: u32) -> Self {
         if let Some(pod) = self.pod.as_mut() {
@@ -291,6 +310,7 @@ impl Case {
             presence: self.presence,
             registered_by_name: self.registered_by_name,
             held: self.held,
+            hook_objects: self.hook_objects,
             refused_pod: self.refused_pod.clone(),
             now: at(self.now),
         };
@@ -345,6 +365,8 @@ pub(super) fn kinds(steps: &[Step]) -> Vec<&'static str> {
             Step::DeletePod { .. } => "delete-pod",
             Step::ForceDeletePod { .. } => "force-delete-pod",
             Step::DeleteSecret => "delete-secret",
+            Step::ProtectFromEviction { .. } => "protect-from-eviction",
+            Step::DeleteHookObjects => "delete-hook-objects",
             Step::Deregister { .. } => "deregister",
             Step::Event { .. } => "event",
             Step::CountDeregistration { .. } => "count",
