@@ -15,6 +15,7 @@ use arcwright::policy::suite::{self, Suite};
 use arcwright::policy::{CallLimits, EngineConfig, Policy, PolicyEngine, PolicyKind, PolicyModule};
 use base64::Engine as _;
 use clap::{Parser, Subcommand};
+use serde::Deserialize as _;
 
 /// Kubernetes controller for GitHub Actions self-hosted runners, with
 /// WebAssembly policies.
@@ -33,6 +34,31 @@ enum Command {
     /// Test, run, inspect and package policy modules.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Turn ARC AutoscalingRunnerSets (actions.github.com/v1alpha1) into
+    /// arcwright's, printing the manifests (or the scale-set chart's
+    /// values) with every field that does not carry over named.
+    Migrate(MigrateCommand),
+}
+
+/// `arcwright migrate`'s arguments.
+#[derive(Debug, clap::Args)]
+struct MigrateCommand {
+    /// YAML files of ARC AutoscalingRunnerSets (several documents each is
+    /// fine; other kinds are skipped); `-` reads standard input.
+    #[arg(
+        required_unless_present = "from_cluster",
+        conflicts_with = "from_cluster"
+    )]
+    files: Vec<PathBuf>,
+    /// Read them from the cluster instead (the current kubeconfig context).
+    #[arg(long)]
+    from_cluster: bool,
+    /// With --from-cluster, this namespace only.
+    #[arg(long, short = 'n', requires = "from_cluster")]
+    namespace: Option<String>,
+    /// Print the arcwright-scale-set chart's values instead of manifests.
+    #[arg(long)]
+    values: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -98,7 +124,7 @@ impl Cli {
     pub fn logging(&self) -> Option<&arcwright::telemetry::LogOptions> {
         match &self.command {
             Command::Run(options) => Some(&options.log),
-            Command::Policy(_) => None,
+            Command::Policy(_) | Command::Migrate(_) => None,
         }
     }
 
@@ -107,12 +133,107 @@ impl Cli {
         let Self { command } = self;
         match command {
             Command::Policy(command) => command.run(),
+            Command::Migrate(command) => command.run(),
             Command::Run(options) => {
                 arcwright::runtime::run(*options)?;
                 Ok(ExitCode::SUCCESS)
             }
         }
     }
+}
+
+impl MigrateCommand {
+    fn run(self) -> anyhow::Result<ExitCode> {
+        let objects = if self.from_cluster {
+            from_cluster(self.namespace.as_deref())?
+        } else {
+            let mut objects = Vec::new();
+            for path in &self.files {
+                let text = if path.as_os_str() == "-" {
+                    std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+                } else {
+                    std::fs::read_to_string(path)
+                        .with_context(|| format!("reading {}", path.display()))?
+                };
+                for document in serde_yaml::Deserializer::from_str(&text) {
+                    let value = serde_json::Value::deserialize(document)
+                        .with_context(|| format!("parsing {}", path.display()))?;
+                    if !value.is_null() {
+                        objects.push(value);
+                    }
+                }
+            }
+            objects
+        };
+        let mut converted = 0;
+        let mut failed = false;
+        for object in &objects {
+            match arcwright::migrate::migrate(object) {
+                Ok(migrated) => {
+                    if converted > 0 {
+                        println!("---");
+                    }
+                    print!("{}", arcwright::migrate::render(&migrated, self.values));
+                    converted += 1;
+                    for note in &migrated.notes {
+                        eprintln!("{}: {note}", migrated.name);
+                    }
+                }
+                Err(arcwright::migrate::MigrateError::NotArc { .. }) => {}
+                Err(error) => {
+                    eprintln!("error: {error}");
+                    failed = true;
+                }
+            }
+        }
+        if converted == 0 && !failed {
+            bail!(
+                "no ARC AutoscalingRunnerSet ({}) found",
+                arcwright::migrate::ARC_API_VERSION
+            );
+        }
+        Ok(if failed {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        })
+    }
+}
+
+/// ARC's AutoscalingRunnerSets as the cluster has them.
+fn from_cluster(namespace: Option<&str>) -> anyhow::Result<Vec<serde_json::Value>> {
+    use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let client =
+            arcwright::runtime::client(&arcwright::runtime::options::KubeSource::Infer, None)
+                .await?;
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "actions.github.com",
+            "v1alpha1",
+            "AutoscalingRunnerSet",
+        ));
+        let api: Api<DynamicObject> = match namespace {
+            Some(namespace) => Api::namespaced_with(client, namespace, &resource),
+            None => Api::all_with(client, &resource),
+        };
+        let list = api
+            .list(&ListParams::default())
+            .await
+            .context("listing ARC's AutoscalingRunnerSets (is ARC's CRD installed?)")?;
+        list.items
+            .into_iter()
+            .map(|mut object| {
+                object.metadata.managed_fields = None;
+                let mut value = serde_json::to_value(&object)?;
+                value["apiVersion"] = serde_json::json!(arcwright::migrate::ARC_API_VERSION);
+                value["kind"] = serde_json::json!("AutoscalingRunnerSet");
+                Ok(value)
+            })
+            .collect()
+    })
 }
 
 impl PolicyCommand {

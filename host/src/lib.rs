@@ -16,6 +16,7 @@ pub mod events;
 #[cfg(test)]
 mod fuzz;
 pub mod listener;
+pub mod migrate;
 pub mod policy;
 pub mod runtime;
 pub mod slack;

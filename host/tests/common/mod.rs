@@ -13,37 +13,46 @@ use kube::runtime::wait::{await_condition, conditions};
 /// established. Returns how many were applied.
 pub async fn install_crds(client: kube::Client) -> usize {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds");
-    let crds: Api<CustomResourceDefinition> = Api::all(client);
     let mut names = Vec::new();
     for entry in std::fs::read_dir(&dir).expect("crds/ exists") {
         let path = entry.unwrap().path();
         let text = std::fs::read_to_string(&path).unwrap();
         let crd: CustomResourceDefinition = serde_yaml::from_str(&text)
             .unwrap_or_else(|e| panic!("{} is a CRD: {e}", path.display()));
-        let name = crd.metadata.name.clone().unwrap();
-        crds.patch(
-            &name,
-            &PatchParams::apply("arcwright-tests").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("the API server accepts {}: {e}", path.display()));
-        names.push(name);
+        names.push(apply_crd(client.clone(), &crd).await);
     }
+    let crds: Api<CustomResourceDefinition> = Api::all(client);
     for name in &names {
-        tokio::time::timeout(
-            Duration::from_secs(30),
-            await_condition(crds.clone(), name, conditions::is_crd_established()),
-        )
-        .await
-        .expect("established within 30 s")
-        .expect("waiting for the CRD");
+        established(&crds, name).await;
     }
     names.len()
 }
 
-/// Actions client options for tests: short timeouts and quick retries, so
-/// a fault the fake injects costs milliseconds, not the production backoff.
+/// Applies one CRD with server-side apply, without waiting; returns its name.
+pub async fn apply_crd(client: kube::Client, crd: &CustomResourceDefinition) -> String {
+    let crds: Api<CustomResourceDefinition> = Api::all(client);
+    let name = crd.metadata.name.clone().unwrap();
+    crds.patch(
+        &name,
+        &PatchParams::apply("arcwright-tests").force(),
+        &Patch::Apply(crd),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the API server accepts the CRD {name}: {e}"));
+    name
+}
+
+/// Waits until the CRD `name` is established.
+pub async fn established(crds: &Api<CustomResourceDefinition>, name: &str) {
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        await_condition(crds.clone(), name, conditions::is_crd_established()),
+    )
+    .await
+    .expect("established within 30 s")
+    .expect("waiting for the CRD");
+}
+
 #[allow(dead_code)] // not every test binary calls the Actions service
 pub fn fast_client_options() -> arcwright::actions::ClientOptions {
     arcwright::actions::ClientOptions {

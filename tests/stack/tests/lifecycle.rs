@@ -482,3 +482,106 @@ async fn a_leader_cut_off_from_the_api_server_stops_listening_before_the_standby
     assert!(log.contains("leadership was lost"), "{log}");
     stack.check_ledger(5).await.unwrap();
 }
+
+/// Moving a scale set from ARC (docs/migrating.md): ARC registered the scale
+/// set, and its listener holds the message session and polls. arcwright's
+/// set of the same name adopts that scale set by name, waits out the held
+/// session as a conflict, and takes over once ARC's listener stops and
+/// deletes its session: every job queued before and after the cut-over
+/// runs, on the one scale set, and no registration is left. ARC is not run
+/// here (no ARC binary is built); its listener's part is played through the
+/// protocol, which is all arcwright sees of it.
+#[tokio::test]
+async fn a_scale_set_taken_over_from_another_controller_mid_stream_loses_no_job() {
+    use arcwright::actions::{
+        ActionsClient, ClientOptions, ConfigUrl, Credentials, RunnerScaleSet, Secret,
+    };
+    let stack = stack("cutover", Scenario::succeed()).await;
+    let other = ActionsClient::new(
+        ConfigUrl::parse(&stack.fake().org_url("octo")).unwrap(),
+        Credentials::Token(Secret::new(stack.fake().pat())),
+        ClientOptions {
+            allow_plain_http: true,
+            ..ClientOptions::default()
+        },
+    )
+    .unwrap();
+    let registered = other
+        .create_runner_scale_set(&RunnerScaleSet::new(SET, 1, &[]))
+        .await
+        .unwrap();
+    let session = other
+        .create_message_session(registered.id, "arc-gha-rs-listener")
+        .await
+        .unwrap();
+    // ARC's listener, polling until it is stopped; what it is offered it
+    // leaves on offer, as a listener being stopped does.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let polling = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut last = 0;
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    message = session.get_message(last, 0) => {
+                        if let Ok(Some(message)) = message {
+                            last = message.id;
+                            let _ = session.delete_message(message.id).await;
+                        }
+                    }
+                }
+            }
+            // Stopped: the session goes with it.
+            session.close().await.unwrap();
+        })
+    };
+    stack.enqueue(SET, 4, Duration::from_millis(500));
+
+    stack
+        .create_scale_set(&ScaleSet::new(SET, 0, 3))
+        .await
+        .unwrap();
+    stack
+        .scale_set_until(
+            SET,
+            "arcwright adopts the scale set and waits out the held session",
+            |set| {
+                set.status.as_ref().is_some_and(|status| {
+                    status.runner_scale_set_id == Some(registered.id)
+                        && status.listener.as_ref().is_some_and(|listener| {
+                            listener.reason.as_deref() == Some("SessionConflict")
+                        })
+                })
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        stack.fake().control().ledger().jobs_succeeded,
+        0,
+        "ARC's session held them"
+    );
+
+    // The cut-over: ARC's listener stopped, its session deleted.
+    stop.cancel();
+    polling.await.unwrap();
+    stack.enqueue(SET, 4, Duration::from_millis(500));
+    stack.jobs_succeeded(8).await.unwrap();
+    stack.settled_at(0).await.unwrap();
+    stack.check_ledger(8).await.unwrap();
+    let scale_sets = stack.fake().control().scale_sets();
+    assert_eq!(
+        scale_sets.len(),
+        1,
+        "adopted, not registered again: {scale_sets:?}"
+    );
+    let history = stack.fake().control().session_history();
+    assert!(
+        history
+            .sessions
+            .iter()
+            .any(|s| s.owner != "arc-gha-rs-listener"),
+        "{history:?}"
+    );
+}
