@@ -13,46 +13,53 @@ use serde_json::{Value, json};
 /// The variable the runner reads its JIT config from.
 pub const JIT_CONFIG_ENV: &str = "ACTIONS_RUNNER_INPUT_JITCONFIG";
 
-/// Where a runner pod's JIT config comes from.
+/// Where a variable of the runner container comes from.
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) enum JitSource {
+pub(crate) enum EnvSource {
     /// Written into the pod spec.
     Literal(String),
     /// A key of a Secret in the pod's namespace.
     Secret { name: String, key: String },
 }
 
-/// Shows where the config comes from, never the literal value.
-impl std::fmt::Debug for JitSource {
+/// Shows where the value comes from, never the literal value (JIT configs
+/// and proxy credentials pass through here).
+impl std::fmt::Debug for EnvSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            JitSource::Literal(_) => f.write_str("Literal(<redacted>)"),
-            JitSource::Secret { name, key } => write!(f, "Secret({name}/{key})"),
+            EnvSource::Literal(_) => f.write_str("Literal(<redacted>)"),
+            EnvSource::Secret { name, key } => write!(f, "Secret({name}/{key})"),
         }
     }
 }
 
+/// Where `container`'s variable `name` comes from, if it has one the
+/// simulator can read (a literal or a Secret's key).
+pub(crate) fn env_source(container: &Container, name: &str) -> Option<EnvSource> {
+    let env = container.env.as_ref()?.iter().find(|e| e.name == name)?;
+    if let Some(value) = &env.value {
+        return Some(EnvSource::Literal(value.clone()));
+    }
+    let secret = env.value_from.as_ref()?.secret_key_ref.as_ref()?;
+    Some(EnvSource::Secret {
+        name: secret.name.clone(),
+        key: secret.key.clone(),
+    })
+}
+
 /// The runner container (the one with the JIT variable) and where its
 /// config comes from, if the pod is a runner pod.
-pub(crate) fn runner_container(pod: &Pod) -> Option<(String, JitSource)> {
+pub(crate) fn runner_container(pod: &Pod) -> Option<(String, EnvSource)> {
     let spec = pod.spec.as_ref()?;
     spec.containers.iter().find_map(|container| {
-        let env = container
-            .env
-            .as_ref()?
-            .iter()
-            .find(|e| e.name == JIT_CONFIG_ENV)?;
-        let source = if let Some(value) = &env.value {
-            JitSource::Literal(value.clone())
-        } else {
-            let secret = env.value_from.as_ref()?.secret_key_ref.as_ref()?;
-            JitSource::Secret {
-                name: secret.name.clone(),
-                key: secret.key.clone(),
-            }
-        };
+        let source = env_source(container, JIT_CONFIG_ENV)?;
         Some((container.name.clone(), source))
     })
+}
+
+/// The runner container itself.
+pub(crate) fn container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
+    containers(pod).iter().find(|c| c.name == name)
 }
 
 /// How a container ended.
@@ -125,8 +132,15 @@ fn running_container(pod: &Pod, container: &Container, started_at: &str) -> Valu
     })
 }
 
+/// A native sidecar: an init container that keeps running beside the
+/// pod's containers (dind's docker daemon).
+fn is_native_sidecar(container: &Container) -> bool {
+    container.restart_policy.as_deref() == Some("Always")
+}
+
 /// The status of a pod whose containers all started at `now`: phase
-/// Running, every container running and ready, init containers completed.
+/// Running, every container running and ready, init containers completed
+/// but native sidecars, which run on beside them as a kubelet reports.
 pub(crate) fn running_status(pod: &Pod, node_ip: &str, pod_ip: &str, now: &str) -> Value {
     let statuses: Vec<Value> = containers(pod)
         .iter()
@@ -134,7 +148,13 @@ pub(crate) fn running_status(pod: &Pod, node_ip: &str, pod_ip: &str, now: &str) 
         .collect();
     let init: Vec<Value> = init_containers(pod)
         .iter()
-        .map(|c| terminated_container(pod, c, &Exit::OK, now, now, false))
+        .map(|c| {
+            if is_native_sidecar(c) {
+                running_container(pod, c, now)
+            } else {
+                terminated_container(pod, c, &Exit::OK, now, now, false)
+            }
+        })
         .collect();
     json!({
         "status": {
@@ -335,7 +355,7 @@ mod tests {
         ]));
         let (container, source) = runner_container(&literal).unwrap();
         assert_eq!(container, "runner");
-        assert_eq!(source, JitSource::Literal("abc".into()));
+        assert_eq!(source, EnvSource::Literal("abc".into()));
         assert!(!format!("{source:?}").contains("abc"), "no secret in Debug");
 
         let secret = pod(json!([{"name": "main", "image": "r", "env": [
@@ -344,7 +364,7 @@ mod tests {
         ]}]));
         assert_eq!(
             runner_container(&secret).unwrap().1,
-            JitSource::Secret {
+            EnvSource::Secret {
                 name: "s".into(),
                 key: "jitToken".into()
             }

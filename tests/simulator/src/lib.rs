@@ -47,7 +47,7 @@ use tokio_util::sync::CancellationToken;
 pub use kubelet::{Exit, JIT_CONFIG_ENV};
 pub use scenario::{Fate, PodSelector, Rule, Scenario};
 
-use kubelet::JitSource;
+use kubelet::EnvSource;
 use runner::RunnerClient;
 use scenario::Scenarios;
 
@@ -189,6 +189,11 @@ pub enum Step {
     /// Its deletion was seen while its node is lost, and deliberately left
     /// unconfirmed, as an unreachable kubelet leaves it.
     DeletionUnanswered,
+    /// Its container hooks made the job's pod and Secret.
+    HookObjectsCreated,
+    /// Its container hooks deleted them again at the end of the job, as
+    /// their cleanup step does when the job ends normally.
+    HookObjectsCleaned,
 }
 
 /// One runner pod the simulator has played.
@@ -208,6 +213,11 @@ pub struct RunnerRecord {
     pub stage: Stage,
     /// The jobs it took.
     pub jobs: Vec<u64>,
+    /// The proxy its runner's calls went through (from the pod's
+    /// `http_proxy` or `https_proxy`, credentials left out), if any.
+    pub proxy: Option<String>,
+    /// The pods and Secrets its container hooks made (kubernetes mode).
+    pub hook_objects: Vec<String>,
     /// The steps taken for it, in order, with when each was taken.
     pub trace: Vec<(Instant, Step)>,
 }
@@ -502,7 +512,7 @@ struct PodTask {
     uid: String,
     name: String,
     container: String,
-    source: JitSource,
+    source: EnvSource,
     scenario: Scenario,
     terminating: CancellationToken,
     gone: CancellationToken,
@@ -524,7 +534,7 @@ impl PodTask {
         pod: Pod,
         uid: String,
         container: String,
-        source: JitSource,
+        source: EnvSource,
         tracked: &Tracked,
     ) -> PodTask {
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
@@ -547,6 +557,8 @@ impl PodTask {
                 scenario,
                 stage: Stage::Pending,
                 jobs: Vec::new(),
+                proxy: None,
+                hook_objects: Vec::new(),
                 trace: Vec::new(),
             });
         inner.changes.send_modify(|v| *v = v.wrapping_add(1));
@@ -629,8 +641,11 @@ impl PodTask {
         .await?;
         self.record(Step::Started);
         self.stage(Stage::Running);
+        let Some(runner) = self.runner_client().await? else {
+            return self.confirm_deletion().await;
+        };
 
-        match self.play(jit).await? {
+        match self.play(&runner, jit).await? {
             Ending::Exited(exit) => {
                 self.patch_status(kubelet::exited_status(
                     &self.pod,
@@ -684,7 +699,7 @@ impl PodTask {
     }
 
     /// The runner process, per the scenario.
-    async fn play(&self, jit: String) -> Result<Ending, SimulatorError> {
+    async fn play(&self, runner: &RunnerClient, jit: String) -> Result<Ending, SimulatorError> {
         let terminating = || match self.scenario.fate {
             Fate::NodeLost => Ending::NodeLost { jit: None },
             _ => Ending::Terminating { jit: None },
@@ -709,7 +724,7 @@ impl PodTask {
             Fate::Succeed | Fate::OomKilled | Fate::NodeLost => {}
         }
 
-        let connected = self.retrying(|| self.inner.runner.connect(&jit)).await?;
+        let connected = self.retrying(|| runner.connect(&jit)).await?;
         match connected {
             None => return Ok(terminating()),
             // The registration is gone: the runner cannot start.
@@ -728,7 +743,7 @@ impl PodTask {
         };
 
         let job = loop {
-            match self.retrying(|| self.inner.runner.next_job(&jit)).await? {
+            match self.retrying(|| runner.next_job(&jit)).await? {
                 None => return Ok(with_jit(terminating())),
                 Some(Ok(Some(job))) => break job,
                 Some(Ok(None)) => {}
@@ -743,6 +758,7 @@ impl PodTask {
             };
         });
         let duration = Duration::from_millis(job.duration_ms);
+        let hooks = self.prepare_job(job.runner_request_id).await?;
         match self.scenario.fate {
             Fate::NodeLost => Ok(Ending::NodeLost {
                 jit: Some(jit.clone()),
@@ -758,7 +774,8 @@ impl PodTask {
                 if !pause(duration, &self.terminating).await {
                     return Ok(with_jit(terminating()));
                 }
-                match self.retrying(|| self.inner.runner.complete(&jit)).await? {
+                self.cleanup_job(&hooks).await?;
+                match self.retrying(|| runner.complete(&jit)).await? {
                     None => Ok(with_jit(terminating())),
                     Some(()) => Ok(Ending::Exited(Exit::OK)),
                 }
@@ -806,13 +823,21 @@ impl PodTask {
         }
     }
 
-    /// The JIT config: the literal, or the Secret's key. A missing Secret is
-    /// reported on the pod as the kubelet does and looked for again until it
-    /// appears; `None` if the pod is deleted meanwhile.
+    /// The JIT config: the literal, or the Secret's key; `None` if the pod
+    /// is deleted before it can be read.
     async fn jit_config(&self) -> Result<Option<String>, SimulatorError> {
-        let (name, key) = match &self.source {
-            JitSource::Literal(value) => return Ok(Some(value.clone())),
-            JitSource::Secret { name, key } => (name, key),
+        let source = self.source.clone();
+        self.resolve(&source).await
+    }
+
+    /// The value of a variable of the runner container, read as the
+    /// kubelet reads it: the literal, or the Secret's key. A missing Secret
+    /// is reported on the pod as the kubelet does and looked for again
+    /// until it appears; `None` if the pod is deleted meanwhile.
+    async fn resolve(&self, source: &EnvSource) -> Result<Option<String>, SimulatorError> {
+        let (name, key) = match source {
+            EnvSource::Literal(value) => return Ok(Some(value.clone())),
+            EnvSource::Secret { name, key } => (name, key),
         };
         let secrets: Api<Secret> = Api::namespaced(
             self.inner.client.clone(),
@@ -845,6 +870,143 @@ impl PodTask {
                 return Ok(None);
             }
         }
+    }
+
+    /// The runner container's variable `name`, resolved; `Ok(None)` when it
+    /// has none, `Err(None)` when the pod was deleted while reading it.
+    async fn env(&self, name: &str) -> Result<Result<Option<String>, ()>, SimulatorError> {
+        let Some(source) = kubelet::container(&self.pod, &self.container)
+            .and_then(|c| kubelet::env_source(c, name))
+        else {
+            return Ok(Ok(None));
+        };
+        Ok(self.resolve(&source).await?.map(Some).ok_or(()))
+    }
+
+    /// The client the runner talks to the service with: through the proxy
+    /// the pod's environment names for the service's scheme (`http_proxy`
+    /// or `https_proxy`, credentials and all), unless `no_proxy` names the
+    /// service's host, as the runner's own HTTP stack decides. `None` if the
+    /// pod was deleted meanwhile.
+    async fn runner_client(&self) -> Result<Option<RunnerClient>, SimulatorError> {
+        let base = self.inner.runner.base();
+        let variable = if base.starts_with("https:") {
+            "https_proxy"
+        } else {
+            "http_proxy"
+        };
+        let Ok(proxy) = self.env(variable).await? else {
+            return Ok(None);
+        };
+        let Ok(no_proxy) = self.env("no_proxy").await? else {
+            return Ok(None);
+        };
+        let Some(proxy) = proxy.filter(|p| !p.is_empty()) else {
+            return Ok(Some(self.inner.runner.clone()));
+        };
+        let host = reqwest::Url::parse(base)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned))
+            .unwrap_or_default();
+        let bypassed = no_proxy
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .any(|entry| !entry.is_empty() && (entry == "*" || entry == host));
+        if bypassed {
+            return Ok(Some(self.inner.runner.clone()));
+        }
+        let client = self.inner.runner.through(&proxy)?;
+        let shown = reqwest::Url::parse(&proxy).map_or_else(
+            |_| "<unreadable>".to_owned(),
+            |mut url| {
+                let _ = url.set_username("");
+                let _ = url.set_password(None);
+                url.to_string()
+            },
+        );
+        self.inner.update(&self.uid, |r| r.proxy = Some(shown));
+        Ok(Some(client))
+    }
+
+    /// What the runner container hooks' prepare step does in kubernetes
+    /// mode (`ACTIONS_RUNNER_CONTAINER_HOOKS` set): a pod for the job's
+    /// containers and a Secret of its environment, labelled
+    /// `runner-pod=<runner pod>`. The job pod is no runner pod, so the
+    /// simulator does not play it; it stays Pending, which is all a
+    /// controller sees of it.
+    async fn prepare_job(&self, job: u64) -> Result<Vec<(bool, String)>, SimulatorError> {
+        let Some(runner) = kubelet::container(&self.pod, &self.container) else {
+            return Ok(Vec::new());
+        };
+        if kubelet::env_source(runner, "ACTIONS_RUNNER_CONTAINER_HOOKS").is_none() {
+            return Ok(Vec::new());
+        }
+        let namespace = self.pod.metadata.namespace.clone().unwrap_or_default();
+        let name = format!("{}-workflow-{job}", self.name);
+        let labels = json!({"runner-pod": self.name});
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "job", "image": "ubuntu:24.04"}],
+            },
+        }))
+        .map_err(|e| SimulatorError::BadAnswer(e.to_string()))?;
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": format!("{name}-env"), "labels": labels},
+            "stringData": {"GITHUB_JOB": job.to_string()},
+        }))
+        .map_err(|e| SimulatorError::BadAnswer(e.to_string()))?;
+        let secrets: Api<Secret> = Api::namespaced(self.inner.client.clone(), &namespace);
+        let params = PostParams::default();
+        // A create retried after an unanswered one may find its own work.
+        let made_already = |e: &kube::Error| matches!(e, kube::Error::Api(e) if e.code == 409);
+        match answered(|| self.pods.create(&params, &pod)).await {
+            Err(e) if !made_already(&e) => {
+                return Err(kube_error(format!("create the job pod {name}"))(e));
+            }
+            _ => {}
+        }
+        match answered(|| secrets.create(&params, &secret)).await {
+            Err(e) if !made_already(&e) => {
+                return Err(kube_error(format!("create the job Secret {name}-env"))(e));
+            }
+            _ => {}
+        }
+        let made = vec![(true, name.clone()), (false, format!("{name}-env"))];
+        self.inner.update(&self.uid, |r| {
+            r.hook_objects.extend(made.iter().map(|(_, n)| n.clone()));
+        });
+        self.record(Step::HookObjectsCreated);
+        Ok(made)
+    }
+
+    /// The hooks' cleanup step at a job's normal end: what prepare made,
+    /// deleted, unless the scenario's hooks leave them. A runner that dies
+    /// mid-job never gets here either; what is left is its controller's to
+    /// remove.
+    async fn cleanup_job(&self, made: &[(bool, String)]) -> Result<(), SimulatorError> {
+        if made.is_empty() || !self.scenario.hooks_clean_up {
+            return Ok(());
+        }
+        let namespace = self.pod.metadata.namespace.clone().unwrap_or_default();
+        let secrets: Api<Secret> = Api::namespaced(self.inner.client.clone(), &namespace);
+        let params = DeleteParams::default();
+        for (is_pod, name) in made {
+            let result = if *is_pod {
+                answered(|| self.pods.delete(name, &params)).await.map(drop)
+            } else {
+                answered(|| secrets.delete(name, &params)).await.map(drop)
+            };
+            match result {
+                Ok(()) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(kube_error(format!("delete {name}"))(e)),
+            }
+        }
+        self.record(Step::HookObjectsCleaned);
+        Ok(())
     }
 
     async fn bind(&self, node: &str) -> Result<(), SimulatorError> {

@@ -39,6 +39,27 @@ impl RunnerClient {
         })
     }
 
+    /// The service's root URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The same client, through `proxy` (an `http://[user:password@]host:port`
+    /// URL, the credentials sent as `Proxy-Authorization` as a runner's HTTP
+    /// stack sends them).
+    pub fn through(&self, proxy: &str) -> Result<RunnerClient, SimulatorError> {
+        let proxy = reqwest::Proxy::all(proxy).map_err(SimulatorError::HttpClient)?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .proxy(proxy)
+            .build()
+            .map_err(SimulatorError::HttpClient)?;
+        Ok(RunnerClient {
+            http,
+            base: self.base.clone(),
+        })
+    }
+
     async fn call(&self, what: &str, jit: &str) -> Result<Reply, SimulatorError> {
         let response = self
             .http

@@ -46,6 +46,12 @@ pub struct Scenario {
     /// the pod is Pending, not Initialized, its init containers running and
     /// the runner container waiting, as a kubelet reports it.
     pub init_delay: Duration,
+    /// Whether, in kubernetes mode, the container hooks' cleanup deletes
+    /// the job's pod and Secret when the job ends. It does normally; when
+    /// it cannot (the hook's API call fails, the job pod's node is gone)
+    /// they are left for the runner's controller to remove, as ARC's
+    /// finalizer removes them.
+    pub hooks_clean_up: bool,
 }
 
 impl Scenario {
@@ -55,6 +61,7 @@ impl Scenario {
             fate,
             start_delay: Duration::ZERO,
             init_delay: Duration::ZERO,
+            hooks_clean_up: true,
         }
     }
 
@@ -86,6 +93,13 @@ impl Scenario {
     /// Its node disappears once it works.
     pub const fn node_lost() -> Scenario {
         Scenario::new(Fate::NodeLost)
+    }
+
+    /// The same scenario with container hooks whose cleanup leaves the
+    /// job's pod and Secret behind.
+    pub const fn with_hooks_leaving_objects(mut self) -> Scenario {
+        self.hooks_clean_up = false;
+        self
     }
 
     /// The same scenario, Pending for `delay` first (a slow start).

@@ -129,6 +129,9 @@ pub struct ScaleSet {
     pub scaling_policy: Option<serde_json::Value>,
     /// The runner image (changing it is a spec change).
     pub image: String,
+    /// Fields of the spec set over the ones above (a `template` of its
+    /// own, `proxy`, `podValidationPolicy`, ...).
+    pub spec: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ScaleSet {
@@ -140,7 +143,14 @@ impl ScaleSet {
             max,
             scaling_policy: None,
             image: "ghcr.io/actions/actions-runner:2.330.0".to_owned(),
+            spec: serde_json::Map::new(),
         }
+    }
+
+    /// The same set with `field` of its spec set to `value`.
+    pub fn with(mut self, field: &str, value: serde_json::Value) -> Self {
+        self.spec.insert(field.to_owned(), value);
+        self
     }
 
     /// The same set with its scaling policy read from the ConfigMap `name`.
@@ -162,6 +172,9 @@ impl ScaleSet {
         });
         if let Some(policy) = &self.scaling_policy {
             spec["scalingPolicy"] = policy.clone();
+        }
+        for (field, value) in &self.spec {
+            spec[field] = value.clone();
         }
         Ok(serde_json::from_value(json!({
             "apiVersion": "arcwright.dev/v1alpha1",
@@ -688,6 +701,31 @@ impl Stack {
         let log = std::fs::read_to_string(self.audit_log.as_ref()?).ok()?;
         Some(audit::count(&log, &self.host_username(), from, to))
     }
+}
+
+/// Every version of every `K` the watch delivers, in order, recorded in
+/// the background for as long as the runtime runs: what a test reads to
+/// prove a state was seen, whenever it came and went.
+pub fn record<K>(api: Api<K>) -> std::sync::Arc<std::sync::Mutex<Vec<K>>>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    use futures::StreamExt as _;
+    use kube::runtime::WatchStreamExt as _;
+    let stream = kube::runtime::watcher::watcher(api, kube::runtime::watcher::Config::default())
+        .applied_objects();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            if let Ok(object) = event {
+                sink.lock().unwrap().push(object);
+            }
+        }
+    });
+    seen
 }
 
 /// Runs `work` on a new multi-threaded runtime until it ends or Ctrl-C

@@ -17,48 +17,25 @@
 //! memory of the object, the unregistration pool idle.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arcwright::api::{EphemeralRunner, EphemeralRunnerSet};
 use arcwright::controllers::ephemeral_runner::plan::{Need, Settings, Step};
 use arcwright::controllers::{ephemeral_runner, ephemeral_runner_set};
 use arcwright_stack::{ScaleSet, Stack, StackConfig};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use kube::runtime::{WatchStreamExt, watcher};
 
 const SET: &str = "stale";
-
-/// Every version of every `K` the watch delivers, in order.
-fn record<K>(api: Api<K>) -> Arc<Mutex<Vec<K>>>
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let sink = seen.clone();
-    let stream = watcher::watcher(api, watcher::Config::default()).applied_objects();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            if let Ok(object) = event {
-                sink.lock().unwrap().push(object);
-            }
-        }
-    });
-    seen
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_earlier_view_of_a_runner_or_a_set_leads_to_a_harmful_step() {
     let stack = Stack::start(StackConfig::new("stale-views"))
         .await
         .expect("the stack starts");
-    let runner_versions = record(stack.runners());
-    let set_versions = record(stack.runner_sets());
+    let runner_versions = arcwright_stack::record(stack.runners());
+    let set_versions = arcwright_stack::record(stack.runner_sets());
     stack
         .create_scale_set(&ScaleSet::new(SET, 1, 3))
         .await
