@@ -86,6 +86,15 @@ impl Control {
         self.shared.write(|s| s.rotate_pat(pat.to_owned()));
     }
 
+    /// Serves behind `public_url` (a TLS terminator in front of the fake,
+    /// as GitHub Enterprise Server sits behind its certificate): every URL
+    /// the fake hands out from now on (the Actions service's, the message
+    /// queue's, the runners' in their JIT configs) is under it.
+    pub fn serve_behind(&self, public_url: &str) {
+        let url = public_url.trim_end_matches('/').to_owned();
+        self.shared.write(|s| s.set_base_url(url));
+    }
+
     /// Deletes the scale set as an admin does in GitHub's settings (or the
     /// service after seven dormant days): its session and registrations go
     /// with it; returns whether it was deleted (not while a job runs).

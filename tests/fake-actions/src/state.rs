@@ -507,6 +507,10 @@ impl State {
         self.admin_generation += 1;
     }
 
+    pub(crate) fn set_base_url(&mut self, url: String) {
+        self.settings.base_url = url;
+    }
+
     pub(crate) fn expire_github_tokens(&mut self) {
         for expires in self.installation_tokens.values_mut() {
             *expires = 0;

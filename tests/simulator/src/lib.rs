@@ -213,6 +213,8 @@ pub struct RunnerRecord {
     pub stage: Stage,
     /// The jobs it took.
     pub jobs: Vec<u64>,
+    /// The service its runner talked to, from its JIT config.
+    pub service_url: Option<String>,
     /// The proxy its runner's calls went through (from the pod's
     /// `http_proxy` or `https_proxy`, credentials left out), if any.
     pub proxy: Option<String>,
@@ -557,6 +559,7 @@ impl PodTask {
                 scenario,
                 stage: Stage::Pending,
                 jobs: Vec::new(),
+                service_url: None,
                 proxy: None,
                 hook_objects: Vec::new(),
                 trace: Vec::new(),
@@ -628,9 +631,14 @@ impl PodTask {
         let Some(jit) = self.jit_config().await? else {
             return self.deleted_before_start(&node).await;
         };
+        // A runner talks to the service its JIT config names.
+        let mut service_url = None;
         if let Ok(config) = fake_actions::JitConfig::decode(&jit) {
-            self.inner
-                .update(&self.uid, |r| r.runner_name = Some(config.runner_name));
+            service_url = Some(config.service_url.clone());
+            self.inner.update(&self.uid, |r| {
+                r.runner_name = Some(config.runner_name);
+                r.service_url = Some(config.service_url);
+            });
         }
         let started = now();
         let n = self.inner.next_ip.fetch_add(1, Ordering::Relaxed);
@@ -641,7 +649,7 @@ impl PodTask {
         .await?;
         self.record(Step::Started);
         self.stage(Stage::Running);
-        let Some(runner) = self.runner_client().await? else {
+        let Some(runner) = self.runner_client(service_url).await? else {
             return self.confirm_deletion().await;
         };
 
@@ -883,13 +891,19 @@ impl PodTask {
         Ok(self.resolve(&source).await?.map(Some).ok_or(()))
     }
 
-    /// The client the runner talks to the service with: through the proxy
-    /// the pod's environment names for the service's scheme (`http_proxy`
-    /// or `https_proxy`, credentials and all), unless `no_proxy` names the
-    /// service's host, as the runner's own HTTP stack decides. `None` if the
-    /// pod was deleted meanwhile.
-    async fn runner_client(&self) -> Result<Option<RunnerClient>, SimulatorError> {
-        let base = self.inner.runner.base();
+    /// The client the runner talks to the service with, at `service_url`
+    /// (the fake's own address when the JIT config names none): through
+    /// the proxy the pod's environment names for the service's scheme
+    /// (`http_proxy` or `https_proxy`, credentials and all), unless
+    /// `no_proxy` names the service's host, and trusting the CA file
+    /// `NODE_EXTRA_CA_CERTS` names, read from the ConfigMap mounted there,
+    /// as the runner's own HTTP stack does. `None` if the pod was deleted
+    /// meanwhile.
+    async fn runner_client(
+        &self,
+        service_url: Option<String>,
+    ) -> Result<Option<RunnerClient>, SimulatorError> {
+        let base = service_url.unwrap_or_else(|| self.inner.runner.base().to_owned());
         let variable = if base.starts_with("https:") {
             "https_proxy"
         } else {
@@ -901,10 +915,10 @@ impl PodTask {
         let Ok(no_proxy) = self.env("no_proxy").await? else {
             return Ok(None);
         };
-        let Some(proxy) = proxy.filter(|p| !p.is_empty()) else {
-            return Ok(Some(self.inner.runner.clone()));
+        let Ok(ca_file) = self.env("NODE_EXTRA_CA_CERTS").await? else {
+            return Ok(None);
         };
-        let host = reqwest::Url::parse(base)
+        let host = reqwest::Url::parse(&base)
             .ok()
             .and_then(|u| u.host_str().map(str::to_owned))
             .unwrap_or_default();
@@ -913,20 +927,79 @@ impl PodTask {
             .split(',')
             .map(str::trim)
             .any(|entry| !entry.is_empty() && (entry == "*" || entry == host));
-        if bypassed {
+        let proxy = proxy.filter(|p| !p.is_empty() && !bypassed);
+        let ca = match ca_file {
+            Some(path) => Some(self.mounted_config_map_file(&path).await?),
+            None => None,
+        };
+        if let Some(proxy) = &proxy {
+            let shown = reqwest::Url::parse(proxy).map_or_else(
+                |_| "<unreadable>".to_owned(),
+                |mut url| {
+                    let _ = url.set_username("");
+                    let _ = url.set_password(None);
+                    url.to_string()
+                },
+            );
+            self.inner.update(&self.uid, |r| r.proxy = Some(shown));
+        }
+        if proxy.is_none() && ca.is_none() && base == self.inner.runner.base() {
+            // The plain case, shared: a fleet of pods needs no client each.
             return Ok(Some(self.inner.runner.clone()));
         }
-        let client = self.inner.runner.through(&proxy)?;
-        let shown = reqwest::Url::parse(&proxy).map_or_else(
-            |_| "<unreadable>".to_owned(),
-            |mut url| {
-                let _ = url.set_username("");
-                let _ = url.set_password(None);
-                url.to_string()
-            },
+        RunnerClient::configured(&base, proxy.as_deref(), ca.as_deref().map(str::as_bytes))
+            .map(Some)
+    }
+
+    /// The file at `path` in the runner container, where a ConfigMap's
+    /// key is mounted (with a `subPath`, or in a directory), read from the
+    /// ConfigMap as the kubelet would project it.
+    async fn mounted_config_map_file(&self, path: &str) -> Result<String, SimulatorError> {
+        let unreadable = |why: String| SimulatorError::BadAnswer(format!("{path}: {why}"));
+        let spec = self
+            .pod
+            .spec
+            .as_ref()
+            .ok_or_else(|| unreadable("no spec".into()))?;
+        let container = kubelet::container(&self.pod, &self.container)
+            .ok_or_else(|| unreadable("no runner container".into()))?;
+        let (mount, file) = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find_map(|m| {
+                if m.mount_path == path {
+                    Some((m, m.sub_path.clone().unwrap_or_default()))
+                } else {
+                    let dir = m.mount_path.trim_end_matches('/');
+                    let rest = path.strip_prefix(dir)?.strip_prefix('/')?;
+                    Some((m, rest.to_owned()))
+                }
+            })
+            .ok_or_else(|| unreadable("no volume is mounted there".into()))?;
+        let source = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == mount.name)
+            .and_then(|v| v.config_map.as_ref())
+            .ok_or_else(|| unreadable(format!("volume {} is no ConfigMap", mount.name)))?;
+        let key = source
+            .items
+            .iter()
+            .flatten()
+            .find(|item| item.path == file)
+            .map_or(file.clone(), |item| item.key.clone());
+        let maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(
+            self.inner.client.clone(),
+            self.pod.metadata.namespace.as_deref().unwrap_or_default(),
         );
-        self.inner.update(&self.uid, |r| r.proxy = Some(shown));
-        Ok(Some(client))
+        let map = answered(|| maps.get(&source.name))
+            .await
+            .map_err(kube_error(format!("read ConfigMap {}", source.name)))?;
+        map.data
+            .and_then(|data| data.get(&key).cloned())
+            .ok_or_else(|| unreadable(format!("ConfigMap {} has no key {key}", source.name)))
     }
 
     /// What the runner container hooks' prepare step does in kubernetes

@@ -44,19 +44,28 @@ impl RunnerClient {
         &self.base
     }
 
-    /// The same client, through `proxy` (an `http://[user:password@]host:port`
-    /// URL, the credentials sent as `Proxy-Authorization` as a runner's HTTP
-    /// stack sends them).
-    pub fn through(&self, proxy: &str) -> Result<RunnerClient, SimulatorError> {
-        let proxy = reqwest::Proxy::all(proxy).map_err(SimulatorError::HttpClient)?;
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(120))
-            .proxy(proxy)
-            .build()
-            .map_err(SimulatorError::HttpClient)?;
+    /// A client for `base` as a runner's pod configures it: through
+    /// `proxy` (an `http://[user:password@]host:port` URL, the credentials
+    /// sent as `Proxy-Authorization` as a runner's HTTP stack sends them)
+    /// and trusting `ca` (PEM) beside the system's roots.
+    pub fn configured(
+        base: &str,
+        proxy: Option<&str>,
+        ca: Option<&[u8]>,
+    ) -> Result<RunnerClient, SimulatorError> {
+        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(120));
+        if let Some(proxy) = proxy {
+            builder =
+                builder.proxy(reqwest::Proxy::all(proxy).map_err(SimulatorError::HttpClient)?);
+        }
+        if let Some(ca) = ca {
+            let certificate =
+                reqwest::Certificate::from_pem(ca).map_err(SimulatorError::HttpClient)?;
+            builder = builder.add_root_certificate(certificate);
+        }
         Ok(RunnerClient {
-            http,
-            base: self.base.clone(),
+            http: builder.build().map_err(SimulatorError::HttpClient)?,
+            base: base.trim_end_matches('/').to_owned(),
         })
     }
 

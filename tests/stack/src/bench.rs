@@ -55,6 +55,10 @@ pub struct BenchOptions {
     /// Seeds the jitter: the same seed gives the same scenario.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Run the set with `protectBusyRunners`: what drain protection costs
+    /// shows in the API writes per job.
+    #[arg(long)]
+    pub protect_busy_runners: bool,
     /// Extra `arcwright run` flags, after `--`.
     #[arg(last = true)]
     pub host_args: Vec<String>,
@@ -85,6 +89,7 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
         job_ms,
         jitter_pct,
         seed,
+        protect_busy_runners,
         host_args,
     } = options.clone();
     if jobs == 0 || max_runners == 0 {
@@ -101,7 +106,11 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
     };
     let stack = Stack::start(config).await?;
     let max = i32::try_from(max_runners).context("--max-runners is too large")?;
-    stack.create_scale_set(&ScaleSet::new(SET, 0, max)).await?;
+    let mut set = ScaleSet::new(SET, 0, max);
+    if protect_busy_runners {
+        set = set.with("protectBusyRunners", serde_json::json!(true));
+    }
+    stack.create_scale_set(&set).await?;
     stack.listening(SET).await?;
     let recorder = Recorder::start(stack.fake().control(), stack.client(), stack.namespace());
 

@@ -1,10 +1,11 @@
 //! ARC's own end-to-end scenarios that need more than a plain runner pod,
 //! through `arcwright run`: dind, kubernetes mode and runners behind a
-//! proxy. The runner pods are ARC's, as ARC's chart expands each container
+//! proxy or a private CA. The runner pods are ARC's, as ARC's chart expands each container
 //! mode (the fixtures `arcwright migrate` is tested on); the simulator plays
 //! what ARC's e2e runs would do on a real node: a native dind sidecar that
 //! keeps running, container hooks that make the job's pod and Secret, a
-//! runner whose calls go through the proxy its pod's environment names.
+//! runner whose calls go through the proxy its pod's environment names and
+//! trust the CA its pod mounts.
 //! Every test ends with the ledger invariant.
 
 #[path = "../../../host/tests/relay/mod.rs"]
@@ -16,7 +17,7 @@ use std::time::Duration;
 
 use arcwright_stack::{ScaleSet, Stack, StackConfig};
 use base64::Engine as _;
-use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use kube::api::{Api, ListParams, PostParams};
 use runner_simulator::{Rule, Scenario, Step};
 use serde_json::{Value, json};
@@ -284,5 +285,53 @@ async fn runners_reach_the_service_through_the_proxy_their_pod_names() {
     for pod in &seen {
         let text = serde_json::to_string(&pod.spec).unwrap();
         assert!(!text.contains("s3cret-pass"), "{text}");
+    }
+}
+
+/// GitHub Enterprise Server behind a private CA: the service is reached
+/// only over TLS with a certificate no system trusts. The controller trusts
+/// the CA `githubServerTLS` names; the runner trusts the copy mounted at
+/// `runnerMountPath` (`NODE_EXTRA_CA_CERTS`), and its jobs run.
+#[tokio::test]
+async fn runners_trust_the_private_ca_their_pod_mounts() {
+    let stack = stack("private-ca").await;
+    let pki = relay::pki();
+    let fake_url = stack.fake().url().to_owned();
+    let (terminator, connections) =
+        relay::start_tls_terminator(pki.server, stack.fake().addr(), fake_url);
+    let public = format!("https://localhost:{}", terminator.port());
+    stack.fake().control().serve_behind(&public);
+    let maps: Api<ConfigMap> = Api::namespaced(stack.client(), stack.namespace());
+    let ca: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "ghes-ca"},
+        "data": {"ca.crt": pki.ca_pem},
+    }))
+    .unwrap();
+    maps.create(&PostParams::default(), &ca).await.unwrap();
+    let set = ScaleSet::new("ghes", 0, 2)
+        .with("githubConfigUrl", json!(format!("{public}/octo")))
+        .with(
+            "githubServerTLS",
+            json!({
+                "certificateFrom": {"configMapKeyRef": {"name": "ghes-ca", "key": "ca.crt"}},
+                "runnerMountPath": "/usr/local/share/ca-certificates/",
+            }),
+        );
+    stack.create_scale_set(&set).await.unwrap();
+    stack.listening("ghes").await.unwrap();
+    stack.enqueue("ghes", 2, Duration::from_millis(300));
+    stack.jobs_succeeded(2).await.unwrap();
+    stack.settled_at(0).await.unwrap();
+    stack.check_ledger(2).await.unwrap();
+
+    assert!(connections.load(std::sync::atomic::Ordering::SeqCst) > 0);
+    let runners = stack.sim().runners();
+    assert!(!runners.is_empty());
+    for runner in &runners {
+        assert_eq!(
+            runner.service_url.as_deref(),
+            Some(public.as_str()),
+            "every runner went to the service over TLS: {runners:?}"
+        );
     }
 }
