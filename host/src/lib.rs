@@ -18,6 +18,7 @@ mod fuzz;
 pub mod listener;
 pub mod migrate;
 pub mod policy;
+pub mod recording;
 pub mod runtime;
 pub mod slack;
 pub mod telemetry;
