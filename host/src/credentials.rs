@@ -217,6 +217,48 @@ pub struct ProxySecrets {
     pub https: Option<Secret>,
 }
 
+impl ProxySecrets {
+    /// The credential Secrets `proxy` names, read from `secrets` (the
+    /// target's `namespace`): what a client is built from, and what the
+    /// runners' proxy Secret is written from.
+    pub async fn read(
+        secrets: &Api<Secret>,
+        namespace: &str,
+        proxy: &ProxyTarget,
+    ) -> Result<ProxySecrets, CredentialsError> {
+        let mut read = ProxySecrets::default();
+        if let Some(name) = &proxy.http_credential_secret {
+            read.http = Some(read_secret(secrets, namespace, name).await?);
+        }
+        if let Some(name) = &proxy.https_credential_secret {
+            read.https = Some(read_secret(secrets, namespace, name).await?);
+        }
+        Ok(read)
+    }
+}
+
+/// The Secret `name`, from `secrets` (in `namespace`); missing is an error
+/// that names it.
+async fn read_secret(
+    secrets: &Api<Secret>,
+    namespace: &str,
+    name: &str,
+) -> Result<Secret, CredentialsError> {
+    match secrets.get_opt(name).await {
+        Ok(Some(secret)) => Ok(secret),
+        Ok(None) => Err(CredentialsError::SecretNotFound {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }),
+        Err(source) => Err(CredentialsError::Kube {
+            kind: "secret",
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            source: Box::new(source),
+        }),
+    }
+}
+
 /// One Actions client per credential, shared by the reconcilers, the
 /// unregistration pool and the listeners.
 ///
@@ -261,16 +303,12 @@ impl ActionsClients {
     /// The client for `target`: the cached one while the Secret (and proxy
     /// Secret and CA ConfigMap) are unchanged, a new one otherwise.
     pub async fn get(&self, target: &GitHubTarget) -> Result<ActionsClient, CredentialsError> {
-        let secret = self.secret(&target.namespace, &target.secret_name).await?;
-        let mut proxy_secrets = ProxySecrets::default();
-        if let Some(proxy) = &target.proxy {
-            if let Some(name) = &proxy.http_credential_secret {
-                proxy_secrets.http = Some(self.secret(&target.namespace, name).await?);
-            }
-            if let Some(name) = &proxy.https_credential_secret {
-                proxy_secrets.https = Some(self.secret(&target.namespace, name).await?);
-            }
-        }
+        let secrets: Api<Secret> = Api::namespaced(self.kube.clone(), &target.namespace);
+        let secret = read_secret(&secrets, &target.namespace, &target.secret_name).await?;
+        let proxy_secrets = match &target.proxy {
+            Some(proxy) => ProxySecrets::read(&secrets, &target.namespace, proxy).await?,
+            None => ProxySecrets::default(),
+        };
         let ca = match &target.ca_config_map {
             Some((name, key)) => Some(self.ca_bundle(&target.namespace, name, key).await?),
             None => None,
@@ -314,23 +352,6 @@ impl ActionsClients {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
-    }
-
-    async fn secret(&self, namespace: &str, name: &str) -> Result<Secret, CredentialsError> {
-        let api: Api<Secret> = Api::namespaced(self.kube.clone(), namespace);
-        match api.get_opt(name).await {
-            Ok(Some(secret)) => Ok(secret),
-            Ok(None) => Err(CredentialsError::SecretNotFound {
-                namespace: namespace.to_string(),
-                name: name.to_string(),
-            }),
-            Err(source) => Err(CredentialsError::Kube {
-                kind: "secret",
-                namespace: namespace.to_string(),
-                name: name.to_string(),
-                source: Box::new(source),
-            }),
-        }
     }
 
     /// The PEM bundle at `key` of the ConfigMap, with the ConfigMap's

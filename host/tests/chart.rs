@@ -8,6 +8,7 @@
 //! the controller works in a pod. `scale_set.rs` runs the controller with
 //! the chart's RBAC enforced.
 
+mod common;
 mod helm;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -1285,6 +1286,8 @@ fn install_notes(env: &TestEnv, values: &str) -> String {
 #[tokio::test]
 async fn the_notes_say_what_dind_allows_and_what_arc_values_have_no_meaning() {
     let env = TestEnv::new("chart-notes").await;
+    // A dry-run install maps every object to its kind: the CRDs must be there.
+    common::install_crds(env.client()).await;
     let notes = install_notes(&env, "dind");
     assert!(notes.contains("PRIVILEGED docker:dind sidecar"), "{notes}");
     assert!(notes.contains("allowPrivileged: true"), "{notes}");

@@ -349,10 +349,7 @@ async fn runner_proxy(
     let Some(proxy) = &target.proxy else {
         return Ok(None);
     };
-    let secrets = ProxySecrets {
-        http: proxy_credentials(apis, &target.namespace, &proxy.http_credential_secret).await?,
-        https: proxy_credentials(apis, &target.namespace, &proxy.https_credential_secret).await?,
-    };
+    let secrets = ProxySecrets::read(&apis.secrets, &target.namespace, proxy).await?;
     let wanted = crate::credentials::runner_proxy_data(&target.namespace, proxy, &secrets)?;
     let held = apis
         .secrets
@@ -370,23 +367,6 @@ async fn runner_proxy(
     } else {
         RunnerProxy::Stale(ProxySecretData(wanted))
     }))
-}
-
-/// The proxy credential Secret `name`, when the proxy names one.
-async fn proxy_credentials(
-    apis: &Apis,
-    namespace: &str,
-    name: &Option<String>,
-) -> Result<Option<Secret>, Error> {
-    let Some(name) = name else { return Ok(None) };
-    match apis.secrets.get_opt(name).await {
-        Ok(Some(secret)) => Ok(Some(secret)),
-        Ok(None) => Err(Error::Credentials(CredentialsError::SecretNotFound {
-            namespace: namespace.to_owned(),
-            name: name.clone(),
-        })),
-        Err(error) => Err(kube_err("reading a proxy credential Secret")(error)),
-    }
 }
 
 /// The scale set id: the status, or the annotation when the status was

@@ -250,18 +250,7 @@ pub fn runner_pod(runner: &EphemeralRunner, user_agent: &str) -> Pod {
             "ACTIONS_RUNNER_RETURN_VERSION_DEPRECATED_EXIT_CODE",
         ];
         env.retain(|e| !injected.contains(&e.name.as_str()));
-        env.push(EnvVar {
-            name: JIT_CONFIG_ENV.to_string(),
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: name.clone(),
-                    key: JIT_TOKEN_KEY.to_string(),
-                    optional: Some(false),
-                }),
-                ..EnvVarSource::default()
-            }),
-            ..EnvVar::default()
-        });
+        env.push(from_secret(JIT_CONFIG_ENV, &name, JIT_TOKEN_KEY));
         env.push(EnvVar {
             name: "GITHUB_ACTIONS_RUNNER_EXTRA_USER_AGENT".to_string(),
             value: Some(user_agent.to_string()),
@@ -327,6 +316,23 @@ fn add_env(env: &mut Vec<EnvVar>, var: EnvVar) {
     }
 }
 
+/// The variable `name`, read from the key `key` of the Secret `secret`,
+/// which must exist (the kubelet holds the container until it does).
+fn from_secret(name: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.to_owned(),
+                key: key.to_owned(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
 /// The proxy variables, as ARC sets them: each read from the runner proxy
 /// Secret the set's controller keeps (`spec.proxySecretRef`), since a proxy
 /// URL carries its credentials and the pod spec is readable by anyone who
@@ -345,21 +351,7 @@ fn add_proxy(runner: &EphemeralRunner, spec: &mut PodSpec) {
         (proxy_keys::NO_PROXY, !proxy.no_proxy.is_empty()),
     ];
     for (key, _) in wanted.into_iter().filter(|(_, wanted)| *wanted) {
-        add_env(
-            env,
-            EnvVar {
-                name: key.to_owned(),
-                value_from: Some(EnvVarSource {
-                    secret_key_ref: Some(SecretKeySelector {
-                        name: secret.clone(),
-                        key: key.to_owned(),
-                        optional: Some(false),
-                    }),
-                    ..EnvVarSource::default()
-                }),
-                ..EnvVar::default()
-            },
-        );
+        add_env(env, from_secret(key, secret, key));
     }
 }
 
