@@ -4,13 +4,12 @@
 //! the same limits, as the controller does, so a module that passes
 //! `arcwright policy test` behaves the same in the cluster.
 
-use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use arcwright::policy::bundled;
+use arcwright::policy::bundled::{load, module_bytes};
 use arcwright::policy::suite::{self, Suite};
 use arcwright::policy::{CallLimits, EngineConfig, Policy, PolicyEngine, PolicyKind, PolicyModule};
 use base64::Engine as _;
@@ -38,6 +37,10 @@ enum Command {
     /// arcwright's, printing the manifests (or the scale-set chart's
     /// values) with every field that does not carry over named.
     Migrate(MigrateCommand),
+    /// Get a scale set's recording (decisions and job events), or write
+    /// one from a CSV of workflow jobs or the fake service's history.
+    #[command(subcommand)]
+    Recording(arcwright::recording::cli::RecordingCommand),
 }
 
 /// `arcwright migrate`'s arguments.
@@ -90,6 +93,35 @@ enum PolicyCommand {
         #[arg(long, value_name = "PATH")]
         settings_file: Option<PathBuf>,
     },
+    /// Ask every scaling decision of a recording again of a candidate
+    /// module, its own state threaded as in production, and show where it
+    /// would have decided otherwise.
+    Replay {
+        /// A trace (`arcwright recording fetch`, `from-csv`, ...).
+        trace: PathBuf,
+        /// The candidate: a `.wasm` file, or `builtin:NAME`.
+        #[arg(long)]
+        module: String,
+        /// Its settings as inline JSON, or `@PATH`.
+        #[arg(long, value_name = "JSON")]
+        settings: Option<String>,
+        /// The deadline of one decision, as a scale set's
+        /// `scalingPolicy.timeoutMillis` sets it.
+        #[arg(long, value_name = "MS")]
+        timeout_millis: Option<u32>,
+        /// The memory cap of one decision, as `scalingPolicy.memoryLimitMiB`.
+        #[arg(long, value_name = "MIB")]
+        memory_limit_mib: Option<u32>,
+        /// How many of the largest differences to show.
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+        /// Print JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a recorded job stream through a model of its scale set under
+    /// each policy, and compare the waits and runner-seconds they cost.
+    Simulate(arcwright::lab::simulate::SimulateArgs),
     /// Show a module's world, exports, imports, size and sha256.
     Inspect {
         /// A `.wasm` file, or `builtin:NAME` (`builtin:KIND/NAME`).
@@ -124,7 +156,7 @@ impl Cli {
     pub fn logging(&self) -> Option<&arcwright::telemetry::LogOptions> {
         match &self.command {
             Command::Run(options) => Some(&options.log),
-            Command::Policy(_) | Command::Migrate(_) => None,
+            Command::Policy(_) | Command::Migrate(_) | Command::Recording(_) => None,
         }
     }
 
@@ -134,6 +166,7 @@ impl Cli {
         match command {
             Command::Policy(command) => command.run(),
             Command::Migrate(command) => command.run(),
+            Command::Recording(command) => command.run(),
             Command::Run(options) => {
                 arcwright::runtime::run(*options)?;
                 Ok(ExitCode::SUCCESS)
@@ -260,6 +293,37 @@ impl PolicyCommand {
                 println!("{}", serde_json::to_string_pretty(&decision)?);
                 Ok(ExitCode::SUCCESS)
             }
+            Self::Replay {
+                trace,
+                module,
+                settings,
+                timeout_millis,
+                memory_limit_mib,
+                top,
+                json,
+            } => {
+                let text = std::fs::read_to_string(&trace)
+                    .with_context(|| format!("reading {}", trace.display()))?;
+                let trace = arcwright::recording::read(&text)
+                    .with_context(|| format!("reading {}", trace.display()))?;
+                let settings = settings.as_deref().map(settings_arg).transpose()?;
+                let limits = arcwright::policy::loader::PolicyRef {
+                    timeout_millis,
+                    memory_limit_mib,
+                    ..Default::default()
+                }
+                .limits()?;
+                let candidate =
+                    arcwright::lab::candidate(&engine, &module, settings.as_ref(), limits)?;
+                let replay = arcwright::lab::replay::replay(&trace, &candidate, top)?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&replay)?);
+                } else {
+                    print!("{}", arcwright::lab::replay::render(&replay, &module));
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            Self::Simulate(args) => args.run(),
             Self::Inspect { module, json } => {
                 let module = load(&engine, &module, None)?;
                 let info = module.info();
@@ -350,59 +414,6 @@ fn test(engine: &PolicyEngine, module: &str, suites: &[PathBuf]) -> anyhow::Resu
     } else {
         ExitCode::FAILURE
     })
-}
-
-/// Loads a module from a path or `builtin:NAME`, refusing another kind
-/// than `kind` when one is given.
-fn load(
-    engine: &PolicyEngine,
-    spec: &str,
-    kind: Option<PolicyKind>,
-) -> anyhow::Result<PolicyModule> {
-    let wasm = module_bytes(spec, kind)?;
-    engine
-        .load(&wasm, kind)
-        .with_context(|| format!("loading {spec}"))
-}
-
-/// The bytes of a module given as a path or `builtin:NAME`; the kind, when
-/// known, picks among bundled policies sharing a name (`builtin:KIND/NAME`
-/// says it explicitly).
-fn module_bytes(spec: &str, kind: Option<PolicyKind>) -> anyhow::Result<Cow<'static, [u8]>> {
-    let Some(name) = spec.strip_prefix("builtin:") else {
-        return Ok(Cow::Owned(
-            std::fs::read(spec).with_context(|| format!("reading {spec}"))?,
-        ));
-    };
-    let builtin = match (name.split_once('/'), kind) {
-        (Some((kind, name)), _) => {
-            bundled::find(parse_kind(kind).map_err(anyhow::Error::msg)?, name)?
-        }
-        (None, Some(kind)) => bundled::find(kind, name)?,
-        (None, None) => {
-            let found: Vec<_> = bundled::named(name).collect();
-            match found.as_slice() {
-                [one] => *one,
-                [] => bail!(
-                    "there is no bundled policy named {name:?} (bundled: {})",
-                    bundled::BUILTINS
-                        .iter()
-                        .map(|b| format!("{}/{}", b.kind, b.name))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-                several => bail!(
-                    "several bundled policies are named {name:?}; say which: {}",
-                    several
-                        .iter()
-                        .map(|b| format!("builtin:{}/{}", b.kind, b.name))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            }
-        }
-    };
-    Ok(Cow::Borrowed(builtin.wasm))
 }
 
 /// The value of `--settings`: inline JSON, or `@PATH` for a file.

@@ -6,6 +6,7 @@
 //! reconcilers built on top of them.
 #![deny(missing_docs)]
 
+pub mod access;
 pub mod actions;
 pub mod api;
 pub mod causes;
@@ -15,6 +16,7 @@ pub mod debug;
 pub mod events;
 #[cfg(test)]
 mod fuzz;
+pub mod lab;
 pub mod listener;
 pub mod migrate;
 pub mod policy;

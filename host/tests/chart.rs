@@ -268,7 +268,7 @@ fn every_run_flag_has_a_chart_value() {
         &controller_chart(),
         &[
             "--set-json",
-            r#"flags={"kubeQps":20,"kubeBurst":30,"unregistrationWorkers":12,"runnerFailureLimit":3,"runnerFailureBackoff":"500ms","registrationTimeout":"20m","maxRunnersPerScaleSet":250,"messageBatchWindow":"250ms","actionsCallTimeout":"5s","actionsMessageTimeout":"70s","shutdownTimeout":"50s","leaseDuration":"20s","allowPlainHttp":true}"#,
+            r#"flags={"kubeQps":20,"kubeBurst":30,"unregistrationWorkers":12,"runnerFailureLimit":3,"runnerFailureBackoff":"500ms","registrationTimeout":"20m","maxRunnersPerScaleSet":250,"messageBatchWindow":"250ms","actionsCallTimeout":"5s","actionsMessageTimeout":"70s","shutdownTimeout":"50s","leaseDuration":"20s","recordingEntries":0,"recordingBytes":"1Mi","recordingTotalBytes":"8Mi","allowPlainHttp":true}"#,
             "--set",
             "terminationGracePeriodSeconds=60",
         ],
@@ -295,6 +295,14 @@ fn every_run_flag_has_a_chart_value() {
     assert!(parsed.actions.allow_plain_http);
     assert_eq!(parsed.shutdown.shutdown_timeout, Duration::from_secs(50));
     assert_eq!(parsed.election.lease_duration, Duration::from_secs(20));
+    assert_eq!(
+        (
+            parsed.policies.recording_entries,
+            parsed.policies.recording_bytes,
+            parsed.policies.recording_total_bytes
+        ),
+        (0, 1 << 20, 8 << 20)
+    );
 
     // Left empty, each is the binary's own default: the chart says nothing.
     let objects = render_ok(&controller_chart(), &[]);
@@ -620,6 +628,8 @@ fn scale_set_spec_follows_arc_style_values() {
         "--set-json",
         r#"scalingPolicy={"builtin":"cooldown","settings":{"scaleDownAfterSeconds":600}}"#,
         "--set-json",
+        r#"shadowScalingPolicy={"builtin":"buffered","settings":{"idle":2}}"#,
+        "--set-json",
         r#"podValidationPolicy={"configMapRef":{"name":"strict"},"sha256":"3f5c000000000000000000000000000000000000000000000000000000000000"}"#,
         "--set-json",
         r#"template={"spec":{"containers":[{"name":"runner","image":"example/runner:1"}]}}"#,
@@ -658,6 +668,11 @@ fn scale_set_spec_follows_arc_style_values() {
         "strict"
     );
     assert!(spec.get("deregistrationPolicy").is_none(), "{spec}");
+    assert_eq!(
+        spec["shadowScalingPolicy"],
+        json!({"builtin": "buffered", "settings": {"idle": 2}})
+    );
+    assert!(spec.get("shadowPodValidationPolicy").is_none(), "{spec}");
     assert_eq!(
         spec["template"],
         json!({"spec": {

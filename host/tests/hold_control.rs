@@ -19,7 +19,6 @@ use arcwright_harness::TestEnv;
 use fake_slack::Interaction;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Container, PodSpec};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -329,37 +328,12 @@ async fn send_with_signature_of(body: &Interaction, signed: &Interaction, url: &
 /// A ServiceAccount in the test namespace and a token for it; with `allowed`,
 /// a Role letting it update EphemeralRunners there.
 async fn service_account(world: &World, name: &str, allowed: bool) -> String {
-    let ns = world.env.namespace();
-    let client = world.env.client();
-    let token = common::service_account_token(client.clone(), ns, name).await;
-    if allowed {
-        let roles: Api<Role> = Api::namespaced(client.clone(), ns);
-        roles
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({
-                    "metadata": {"name": name},
-                    "rules": [{"apiGroups": ["arcwright.dev"], "resources": ["ephemeralrunners"], "verbs": ["get", "update"]}],
-                }))
-                .unwrap(),
-            )
-            .await
-            .unwrap();
-        let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
-        bindings
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({
-                    "metadata": {"name": name},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-                    "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
-                }))
-                .unwrap(),
-            )
-            .await
-            .unwrap();
-    }
-    token
+    let rules = if allowed {
+        json!([{"apiGroups": ["arcwright.dev"], "resources": ["ephemeralrunners"], "verbs": ["get", "update"]}])
+    } else {
+        json!([])
+    };
+    common::service_account_with_rules(world.env.client(), world.env.namespace(), name, rules).await
 }
 
 /// Calls the hold API; returns the status and the JSON answer.

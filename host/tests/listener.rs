@@ -96,6 +96,7 @@ fn spec(service: &Service, min: u32, max: u32, policy: Option<PolicyRef>) -> Lis
         },
         owner: "arcwright-test".into(),
         scaling_policy: policy,
+        shadow_scaling_policy: None,
         backoff: Backoff {
             initial: Duration::from_millis(20),
             max: Duration::from_millis(200),
@@ -106,6 +107,7 @@ fn spec(service: &Service, min: u32, max: u32, policy: Option<PolicyRef>) -> Lis
         // Most tests follow messages one by one; the window has a test of
         // its own.
         batch_window: Duration::ZERO,
+        recording: None,
     }
 }
 

@@ -51,6 +51,9 @@ const VARS: &[&str] = &[
     "ARCWRIGHT_DEBUG_LISTEN_ADDRESS",
     "ARCWRIGHT_DEBUG_TLS_CERT_FILE",
     "ARCWRIGHT_DEBUG_TLS_KEY_FILE",
+    "ARCWRIGHT_RECORDING_ENTRIES",
+    "ARCWRIGHT_RECORDING_BYTES",
+    "ARCWRIGHT_RECORDING_TOTAL_BYTES",
 ];
 
 /// Parses `args` with exactly the `env` variables of ours set.
@@ -125,6 +128,9 @@ fn expected() -> RunOptions {
         },
         policies: PolicyOptions {
             default_policies: Some("/etc/arcwright/default-policies.yaml".into()),
+            recording_entries: 500,
+            recording_bytes: 1 << 20,
+            recording_total_bytes: 32 << 20,
         },
         debug: DebugOptions {
             slack_api_url: "http://slack.internal/api/".parse().unwrap(),
@@ -190,6 +196,12 @@ fn every_flag_is_read() {
             "20s",
             "--default-policies",
             "/etc/arcwright/default-policies.yaml",
+            "--recording-entries",
+            "500",
+            "--recording-bytes",
+            "1Mi",
+            "--recording-total-bytes",
+            "32Mi",
             "--slack-api-url",
             "http://slack.internal/api/",
             "--slack-signing-secret-file",
@@ -240,6 +252,9 @@ fn every_flag_falls_back_to_its_environment_variable() {
                 "ARCWRIGHT_DEFAULT_POLICIES",
                 "/etc/arcwright/default-policies.yaml",
             ),
+            ("ARCWRIGHT_RECORDING_ENTRIES", "500"),
+            ("ARCWRIGHT_RECORDING_BYTES", "1048576"),
+            ("ARCWRIGHT_RECORDING_TOTAL_BYTES", "32Mi"),
             ("ARCWRIGHT_SLACK_API_URL", "http://slack.internal/api/"),
             (
                 "ARCWRIGHT_SLACK_SIGNING_SECRET_FILE",

@@ -226,6 +226,34 @@ pub struct ScalingStatus {
     /// When the decision was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_decision_time: Option<Time>,
+    /// What `spec.shadowScalingPolicy` answered to the same input (never
+    /// applied).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowScalingStatus>,
+}
+
+/// The shadow scaling policy's last answer, beside the active one's.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShadowScalingStatus {
+    /// The shadow policy (`builtin:buffered`, `configmap:ns/name`).
+    pub policy: String,
+    /// The runners it asked for; absent when it gave no answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_runners: Option<i32>,
+    /// Its reason.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// `same`, `higher` or `lower` than the active policy's answer; absent
+    /// when it gave no answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agreement: Option<String>,
+    /// Why it gave no answer (it failed, timed out, or is not loaded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Since when it has agreed with the active policy, or disagreed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
 }
 
 /// An enum of names written into the cluster (a condition's type, a
@@ -282,6 +310,24 @@ wire_names! {
         /// Absent once a reconcile succeeds. The name and polarity are
         /// kstatus's, so `kubectl wait`, Flux and Argo CD read it.
         Stalled,
+        /// What `spec.shadowPodValidationPolicy` says of the template,
+        /// never acted on ([`ShadowPodTemplateReason`]): False with "would
+        /// reject: ..." where it would refuse what the active policy let
+        /// through. Absent without a shadow policy.
+        ShadowPodTemplateAccepted,
+    }
+}
+
+wire_names! {
+    /// Why `ShadowPodTemplateAccepted` is what it is.
+    ShadowPodTemplateReason {
+        /// The shadow policy finds nothing wrong (True).
+        Accepted,
+        /// The shadow policy would refuse the template (False).
+        WouldReject,
+        /// The shadow policy could not judge (False): not loaded, or it
+        /// failed.
+        ShadowPolicyFailed,
     }
 }
 

@@ -19,7 +19,7 @@ use kube::CustomResourceExt;
 
 pub use autoscaling_runner_set::{
     AutoscalingRunnerSet, AutoscalingRunnerSetPhase, AutoscalingRunnerSetSpec,
-    AutoscalingRunnerSetStatus, ListenerStatus, ScalingStatus,
+    AutoscalingRunnerSetStatus, ListenerStatus, ScalingStatus, ShadowScalingStatus,
 };
 pub use ephemeral_runner::{
     EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec, EphemeralRunnerStatus, JOB_FIELDS,

@@ -92,6 +92,38 @@ pub struct PolicyRefs {
     /// Whether the runner pod template is acceptable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_validation_policy: Option<PolicyRef>,
+    /// A candidate scaling policy, asked on every decision with the same
+    /// input and its own state, and never applied: its answers are in
+    /// `status.scaling.shadow` and the `arcwright_shadow_*` metrics. It has
+    /// no fallback: when it fails, the status says why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow_scaling_policy: Option<PolicyRef>,
+    /// A candidate deregistration policy, asked beside the active one for
+    /// every finished runner; verdicts are compared and counted
+    /// (`arcwright_shadow_verdicts_total`), never acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow_deregistration_policy: Option<PolicyRef>,
+    /// A candidate pod-validation policy, judging every template beside
+    /// the active one: what it would refuse is in the
+    /// `ShadowPodTemplateAccepted` condition, and nothing is blocked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow_pod_validation_policy: Option<PolicyRef>,
+}
+
+impl PolicyRefs {
+    /// The references with the shadows left out: what runners are built
+    /// from. A shadow changes no runner, so adding or changing one must not
+    /// count as a new revision of the runner spec.
+    pub fn active(&self) -> PolicyRefs {
+        PolicyRefs {
+            scaling_policy: self.scaling_policy.clone(),
+            deregistration_policy: self.deregistration_policy.clone(),
+            pod_validation_policy: self.pod_validation_policy.clone(),
+            shadow_scaling_policy: None,
+            shadow_deregistration_policy: None,
+            shadow_pod_validation_policy: None,
+        }
+    }
 }
 
 /// The shape of the durations the debug settings take: whole hours,

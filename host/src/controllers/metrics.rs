@@ -58,6 +58,21 @@ pub struct DeregistrationLabels {
     pub outcome: String,
 }
 
+/// Labels of `arcwright_shadow_verdicts_total`: the active deregistration
+/// policy's verdict and the shadow's (`failed` when it gave none), a
+/// bounded set (three verdicts each).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShadowVerdictLabels {
+    /// The runner's namespace.
+    pub namespace: String,
+    /// What the active policy answered.
+    pub active: String,
+    /// What the shadow answered.
+    pub shadow: String,
+    /// `same` or `different`.
+    pub agreement: &'static str,
+}
+
 type HistogramBuilder = fn() -> Histogram;
 
 fn reconcile_buckets() -> Histogram {
@@ -83,6 +98,8 @@ pub struct ControllerMetrics {
     pub runners: Family<RunnerLabels, Gauge>,
     /// `arcwright_deregistrations_total{verdict,outcome}`.
     pub deregistrations: Family<DeregistrationLabels, Counter>,
+    /// `arcwright_shadow_verdicts_total{namespace,active,shadow,agreement}`.
+    pub shadow_verdicts: Family<ShadowVerdictLabels, Counter>,
     /// Where each runner was last counted, so a phase change moves it
     /// between series instead of recounting every runner on each change.
     counted: Arc<Mutex<HashMap<(String, String), RunnerLabels>>>,
@@ -97,6 +114,7 @@ impl Default for ControllerMetrics {
             owned_updates: Family::default(),
             runners: Family::default(),
             deregistrations: Family::default(),
+            shadow_verdicts: Family::default(),
             counted: Arc::default(),
         }
     }
@@ -135,6 +153,11 @@ impl ControllerMetrics {
             "arcwright_deregistrations",
             "Runner registrations dealt with when a runner finished, by the policy's verdict and how it ended",
             metrics.deregistrations.clone(),
+        );
+        registry.register(
+            "arcwright_shadow_verdicts",
+            "Finished runners judged by the shadow deregistration policy beside the active one, by both verdicts",
+            metrics.shadow_verdicts.clone(),
         );
         metrics
     }

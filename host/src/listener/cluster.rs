@@ -39,7 +39,7 @@ use super::target::{Observed, ScalePatch, ScaleTarget};
 use crate::api::labels::EPHEMERAL_RUNNER_SET as SET;
 use crate::api::{
     AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSet,
-    ListenerStatus, ScalingStatus,
+    ListenerStatus, ScalingStatus, ShadowScalingStatus,
 };
 use crate::events::{Notice, Publisher, Severity};
 use crate::policy::PolicyEvent;
@@ -612,6 +612,8 @@ struct Batch {
     decision: Option<super::DecisionReport>,
     events: Vec<Notice>,
     announced: Option<(u32, String)>,
+    /// Whether the shadow was last announced agreeing.
+    shadow_agreed: bool,
 }
 
 impl Batch {
@@ -626,6 +628,12 @@ impl Batch {
                 if self.announced.as_ref() != Some(&answer) {
                     self.events.push(decision_event(&decision));
                     self.announced = Some(answer);
+                }
+                if let Some(shadow) = &decision.shadow
+                    && shadow.agrees() != self.shadow_agreed
+                {
+                    self.shadow_agreed = shadow.agrees();
+                    self.events.push(shadow_event(&decision, shadow));
                 }
                 self.decision = Some(decision);
             }
@@ -660,6 +668,16 @@ impl Batch {
                     policy: decision.policy.clone(),
                     fallback_reason: decision.fallback_reason.clone(),
                     last_decision_time: Some(Time(now)),
+                    shadow: decision.shadow.as_ref().map(|shadow| ShadowScalingStatus {
+                        policy: shadow.policy.clone(),
+                        desired_runners: shadow
+                            .desired
+                            .map(|d| i32::try_from(d).unwrap_or(i32::MAX)),
+                        reason: shadow.reason.clone(),
+                        agreement: shadow.agreement.map(|a| a.as_str().to_owned()),
+                        error: shadow.error.clone(),
+                        since: Some(Time(shadow.since)),
+                    }),
                 })
                 .unwrap_or_default(),
             );
@@ -723,6 +741,37 @@ fn decision_event(decision: &super::DecisionReport) -> Notice {
         ));
     }
     Notice::normal("ScalingDecision", note).during("Scale")
+}
+
+/// Agreement started or ended: the only shadow events, so a shadow that
+/// answers on every poll does not fill the event log.
+fn shadow_event(
+    decision: &super::DecisionReport,
+    shadow: &crate::policy::shadow::ShadowReport,
+) -> Notice {
+    if shadow.agrees() {
+        return Notice::normal(
+            "ShadowAgreed",
+            format!(
+                "shadow scaling policy {} now agrees with {}: {} runners",
+                shadow.policy, decision.policy, decision.desired
+            ),
+        )
+        .during("Scale");
+    }
+    let answer = match (shadow.desired, &shadow.error) {
+        (Some(desired), _) => format!("{desired} runners ({})", shadow.reason),
+        (None, Some(error)) => format!("no answer: {error}"),
+        (None, None) => "no answer".to_owned(),
+    };
+    Notice::normal(
+        "ShadowDisagreed",
+        format!(
+            "shadow scaling policy {} no longer agrees with {}: {} decided {} runners, the shadow {answer}",
+            shadow.policy, decision.policy, decision.policy, decision.desired
+        ),
+    )
+    .during("Scale")
 }
 
 fn policy_event(policy: &str, event: &PolicyEvent) -> Notice {
@@ -827,6 +876,7 @@ mod tests {
             reason: reason.into(),
             policy: "builtin:default".into(),
             fallback_reason: None,
+            shadow: None,
         })
     }
 

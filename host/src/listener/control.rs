@@ -52,6 +52,8 @@ pub struct ListenerConfig {
     pub labels: BTreeMap<String, String>,
     /// The scaling policy reference.
     pub scaling_policy: Option<PolicyRef>,
+    /// The shadow scaling policy's, if there is one.
+    pub shadow_scaling_policy: Option<PolicyRef>,
     /// Whether failed runners are held for debugging (`debug.holdFailedFor`):
     /// their controller then waits for every job's result, successes
     /// included, so the listener records them all; otherwise only results

@@ -91,6 +91,28 @@ pub struct DecisionLabels {
     pub direction: &'static str,
 }
 
+/// A shadow decision's labels: how its answer compared with the active
+/// policy's, `same`, `higher` or `lower`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShadowLabels {
+    /// The AutoscalingRunnerSet's namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// `same`, `higher`, `lower`, or `failed` when the shadow gave no
+    /// answer.
+    pub agreement: &'static str,
+}
+
+/// A scale set, for its shadow's desired runners.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShadowSetLabels {
+    /// The AutoscalingRunnerSet's namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
 /// The per-job metrics' names, as ARC's.
 pub mod job_metrics {
     /// Jobs a runner of the scale set started.
@@ -283,6 +305,8 @@ pub struct ListenerMetrics {
     running_listeners: Family<ScaleSetLabels, Gauge>,
     jobs: JobFamilies,
     decisions: Family<DecisionLabels, Counter>,
+    shadow_decisions: Family<ShadowLabels, Counter>,
+    shadow_desired: Family<ShadowSetLabels, Gauge>,
     /// Where the scaling policies' failures are counted
     /// (`arcwright_policy_failures_total`), beside the other policy kinds'.
     policy: Option<crate::policy::metrics::PolicyMetrics>,
@@ -402,7 +426,42 @@ impl ListenerMetrics {
             "Scaling decisions, by the policy that made them and their direction",
             metrics.decisions.clone(),
         );
+        registry.register(
+            "arcwright_shadow_decisions",
+            "Shadow scaling decisions, by how they compared with the active policy's",
+            metrics.shadow_decisions.clone(),
+        );
+        registry.register(
+            "arcwright_shadow_desired_runners",
+            "The runners the shadow scaling policy last asked for (never applied)",
+            metrics.shadow_desired.clone(),
+        );
         metrics
+    }
+
+    /// A shadow decision: `desired` when the shadow answered, compared as
+    /// `agreement` (`failed` when it did not).
+    pub fn shadow(
+        &self,
+        scale_set: &ScaleSetLabels,
+        agreement: &'static str,
+        desired: Option<u32>,
+    ) {
+        self.shadow_decisions
+            .get_or_create(&ShadowLabels {
+                namespace: scale_set.namespace.clone(),
+                name: scale_set.name.clone(),
+                agreement,
+            })
+            .inc();
+        if let Some(desired) = desired {
+            self.shadow_desired
+                .get_or_create(&ShadowSetLabels {
+                    namespace: scale_set.namespace.clone(),
+                    name: scale_set.name.clone(),
+                })
+                .set(i64::from(desired));
+        }
     }
 
     /// A listener of `scale_set` started with these bounds.
@@ -549,6 +608,17 @@ impl ListenerMetrics {
         ] {
             family.remove(scale_set);
         }
+        for agreement in ["same", "higher", "lower", "failed"] {
+            self.shadow_decisions.remove(&ShadowLabels {
+                namespace: scale_set.namespace.clone(),
+                name: scale_set.name.clone(),
+                agreement,
+            });
+        }
+        self.shadow_desired.remove(&ShadowSetLabels {
+            namespace: scale_set.namespace.clone(),
+            name: scale_set.name.clone(),
+        });
         let series = self
             .job_series
             .lock()

@@ -102,6 +102,9 @@ pub struct ListenerSpec {
     pub owner: String,
     /// The scaling policy; `None` is the bundled default.
     pub scaling_policy: Option<PolicyRef>,
+    /// A candidate scaling policy asked beside it and never applied
+    /// (see `task::Run::shadow`).
+    pub shadow_scaling_policy: Option<PolicyRef>,
     /// How long to wait between failed attempts.
     pub backoff: Backoff,
     /// The least time from one message to the next poll.
@@ -137,6 +140,8 @@ pub struct ListenerSpec {
     pub metric_labels: metrics::ScaleSetLabels,
     /// The labels of its per-job metrics.
     pub job_metrics: metrics::JobMetricLabels,
+    /// Where its decisions and job events are recorded, if anywhere.
+    pub recording: Option<crate::recording::Shared>,
 }
 
 /// A running listener. Dropping it leaves the task running until the

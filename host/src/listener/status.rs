@@ -59,6 +59,8 @@ pub struct DecisionReport {
     /// Why the configured policy did not decide, when the bundled default
     /// did.
     pub fallback_reason: Option<String>,
+    /// The shadow policy's answer to the same input, if there is one.
+    pub shadow: Option<crate::policy::shadow::ShadowReport>,
 }
 
 /// One thing to tell the status.
@@ -270,6 +272,7 @@ mod tests {
             reason: reason.into(),
             policy: "builtin:default".into(),
             fallback_reason: fallback.map(str::to_string),
+            shadow: None,
         }
     }
 

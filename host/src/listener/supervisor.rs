@@ -26,6 +26,7 @@ use super::{Backoff, CachedClient, ListenerHandle, ListenerMetrics, ListenerSpec
 use crate::credentials::ActionsClients;
 use crate::policy::loader::PolicyLoader;
 use crate::policy::types::ScaleSet;
+use crate::recording::Recordings;
 
 type Key = (String, String);
 
@@ -40,6 +41,7 @@ pub struct Supervisor {
     backoff: Backoff,
     batch_window: std::time::Duration,
     metrics: ListenerMetrics,
+    recordings: Recordings,
     shutdown: CancellationToken,
     running: Mutex<HashMap<Key, (ListenerConfig, ListenerHandle)>>,
 }
@@ -66,6 +68,7 @@ impl Supervisor {
             backoff: Backoff::default(),
             batch_window: super::DEFAULT_BATCH_WINDOW,
             metrics: ListenerMetrics::default(),
+            recordings: Recordings::off(),
             shutdown,
             running: Mutex::new(HashMap::new()),
         }
@@ -89,6 +92,13 @@ impl Supervisor {
     /// Listeners report to `metrics` (registered by the caller).
     pub fn with_metrics(mut self, metrics: ListenerMetrics) -> Self {
         self.metrics = metrics;
+        self
+    }
+
+    /// Listeners record their decisions and job events in `recordings`
+    /// (none unless told).
+    pub fn with_recordings(mut self, recordings: Recordings) -> Self {
+        self.recordings = recordings;
         self
     }
 
@@ -127,6 +137,7 @@ impl Supervisor {
             },
             owner: self.owner.clone(),
             scaling_policy: config.scaling_policy.clone(),
+            shadow_scaling_policy: config.shadow_scaling_policy.clone(),
             metrics: self.metrics.clone(),
             metric_labels: super::metrics::ScaleSetLabels::new(
                 &config.namespace,
@@ -136,6 +147,7 @@ impl Supervisor {
             job_metrics: config.job_metrics.clone(),
             backoff: self.backoff,
             batch_window: self.batch_window,
+            recording: self.recordings.open(&config.namespace, &config.name),
         }
     }
 }
@@ -216,5 +228,8 @@ impl ListenerControl for Supervisor {
         if let Some((_, handle)) = stopped {
             finish(namespace, name, handle.stop().await);
         }
+        // Stopped for good (the scale set is going, or no longer this
+        // host's): its history goes with it.
+        self.recordings.forget(namespace, name);
     }
 }

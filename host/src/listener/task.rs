@@ -18,7 +18,11 @@ use super::target::ScaleTarget;
 use super::{Cause, ListenerError, ListenerSpec};
 use crate::actions::{ActionsError, JobMessage, MessageSession, RunnerScaleSetStatistic};
 use crate::policy::loader::PolicyLoader;
+use crate::policy::reporter::{LoadState, Loading};
+use crate::policy::shadow::ShadowTracker;
+use crate::policy::types::ScalingInput;
 use crate::policy::{Decider, PolicyKind};
+use crate::recording::{self, Entry};
 
 /// How a session's loop ended.
 enum Ended {
@@ -26,6 +30,39 @@ enum Ended {
     Shutdown,
     /// The session is beyond use; the error says why.
     Renew(ActionsError),
+}
+
+/// A shadow scaling policy as a listener runs it: loaded as any policy, so
+/// a ConfigMap's new version is picked up, but answering alone (no
+/// fallback) and reporting only to the log and its [`LoadState`], never to
+/// the scale set's policy conditions and events: what goes wrong with a
+/// candidate is said in `status.scaling.shadow`, and nothing of the active
+/// policy's path changes.
+struct Shadow {
+    /// Kept for its ConfigMap watch.
+    _policy: crate::policy::loader::LoadedPolicy,
+    decider: Decider,
+    loading: Arc<LoadState>,
+    label: String,
+    tracker: ShadowTracker,
+}
+
+impl Shadow {
+    /// The shadow's answer to `input`: desired and reason, or why none.
+    async fn decide(&self, input: ScalingInput) -> Result<(u32, String), String> {
+        match self.loading.current() {
+            Loading::Loaded => {}
+            Loading::Pending => return Err("the shadow policy is not loaded yet".to_owned()),
+            Loading::Failed { message, .. } => {
+                return Err(format!("the shadow policy could not be loaded: {message}"));
+            }
+        }
+        self.decider
+            .scaling(input)
+            .await
+            .map(|decided| (decided.decision.desired, decided.decision.reason))
+            .map_err(|error| error.to_string())
+    }
 }
 
 /// A listener's parts.
@@ -52,6 +89,8 @@ struct Memory {
     unacquired: Vec<i64>,
     /// The last decision's runner count, for its metric's direction.
     desired: Option<u32>,
+    /// The shadow scaling policy, if the spec names one.
+    shadow: Option<Shadow>,
     /// When the last message arrived, if the next poll is still to wait
     /// out the batch window.
     message_received: Option<std::time::Instant>,
@@ -77,6 +116,7 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
             )
             .await?;
         let decider = policy.decider().clone();
+        let shadow = self.load_shadow().await;
         self.spec.metrics.started(
             &self.labels(),
             self.spec.scale_set.min_runners,
@@ -88,6 +128,7 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
             statistics: None,
             unacquired: Vec::new(),
             desired: None,
+            shadow,
             message_received: None,
             acquired: false,
             polled_early: false,
@@ -287,6 +328,14 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
             memory.statistics = plan.statistics;
         }
         self.count_jobs(message);
+        if self.spec.recording.is_some() {
+            let now = Timestamp::now();
+            for job in &message.jobs {
+                if let Some(job) = recording::Job::from_message(job, now) {
+                    self.recorded(&Entry::Job(job));
+                }
+            }
+        }
 
         let mut acquire = std::mem::take(&mut memory.unacquired);
         acquire.retain(|id| !plan.completed.iter().any(|c| c.runner_request_id == *id));
@@ -362,6 +411,8 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
             &observed,
             Timestamp::now(),
         );
+        let recorded = self.spec.recording.as_ref().map(|_| input.clone());
+        let shadow_input = memory.shadow.as_ref().map(|_| input.clone());
         let decided = match decider.scaling(input).await {
             Ok(decided) => decided,
             Err(error) => {
@@ -380,11 +431,33 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
             decided.decision.desired,
         );
         memory.desired = Some(decided.decision.desired);
+        if let Some(input) = recorded {
+            self.recorded(&Entry::Decision(recording::Decision::of(input, &decided)));
+        }
+        let shadow = match (memory.shadow.as_mut(), shadow_input) {
+            (Some(shadow), Some(input)) => {
+                let answer = shadow.decide(input).await;
+                let report = shadow.tracker.observe(
+                    &shadow.label,
+                    decided.decision.desired,
+                    answer,
+                    Timestamp::now(),
+                );
+                self.spec.metrics.shadow(
+                    &self.labels(),
+                    report.agreement.map_or("failed", |a| a.as_str()),
+                    report.desired,
+                );
+                Some(report)
+            }
+            _ => None,
+        };
         self.status.decision(DecisionReport {
             desired: decided.decision.desired,
             reason: decided.decision.reason.clone(),
             policy: decided.policy.clone(),
             fallback_reason: decided.fallback_reason.clone(),
+            shadow,
         });
         if let Some(patch) =
             sequence.next(decided.decision.desired, self.spec.scale_set.min_runners)
@@ -395,6 +468,45 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
             }
         }
         self.status.health(Health::Listening);
+    }
+
+    /// Loads the shadow scaling policy the spec names, if any. Nothing about
+    /// it can stop the listener: when even its loading fails, the listener
+    /// runs without it and says so in the log.
+    async fn load_shadow(&self) -> Option<Shadow> {
+        let reference = self.spec.shadow_scaling_policy.as_ref()?;
+        let namespace = &self.spec.scale_set.namespace;
+        let loading = Arc::new(LoadState::new(Arc::new(
+            crate::policy::reporter::TracingReporter::default(),
+        )));
+        let reporter: Arc<dyn crate::policy::PolicyReporter> = loading.clone();
+        match self
+            .loader
+            .load(PolicyKind::Scaling, namespace, Some(reference), reporter)
+            .await
+        {
+            Ok(policy) => Some(Shadow {
+                decider: policy.decider().clone().alone(),
+                _policy: policy,
+                loading,
+                label: reference.label(PolicyKind::Scaling, namespace),
+                tracker: ShadowTracker::default(),
+            }),
+            Err(error) => {
+                tracing::warn!(scale_set = %self.spec.scale_set.name, "the shadow scaling policy is not run: {error}");
+                None
+            }
+        }
+    }
+
+    /// Adds `entry` to the scale set's recording, if it has one.
+    fn recorded(&self, entry: &Entry) {
+        if let Some(recording) = &self.spec.recording {
+            recording
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(entry);
+        }
     }
 
     /// The scale set's metric labels.

@@ -7,7 +7,11 @@
 //! `arcwright-test-guests` dev-dependency, so the binary carries neither
 //! their bytes nor the paths of the machine that built it.
 
-use super::{PolicyError, PolicyKind};
+use std::borrow::Cow;
+
+use anyhow::{Context, bail};
+
+use super::{PolicyEngine, PolicyError, PolicyKind, PolicyModule};
 
 /// A policy embedded in the binary, referenced as `builtin: NAME`.
 #[derive(Clone, Copy)]
@@ -55,4 +59,64 @@ pub fn find(kind: PolicyKind, name: &str) -> Result<&'static Builtin, PolicyErro
 /// several kinds; callers that know the kind use [`find`]).
 pub fn named(name: &str) -> impl Iterator<Item = &'static Builtin> + '_ {
     BUILTINS.iter().filter(move |b| b.name == name)
+}
+
+/// Loads a module from a path or `builtin:NAME`, refusing another kind
+/// than `kind` when one is given.
+pub fn load(
+    engine: &PolicyEngine,
+    spec: &str,
+    kind: Option<PolicyKind>,
+) -> anyhow::Result<PolicyModule> {
+    let wasm = module_bytes(spec, kind)?;
+    engine
+        .load(&wasm, kind)
+        .with_context(|| format!("loading {spec}"))
+}
+
+/// The bytes of a module given as a path or `builtin:NAME`; the kind, when
+/// known, picks among bundled policies sharing a name (`builtin:KIND/NAME`
+/// says it explicitly).
+pub fn module_bytes(spec: &str, kind: Option<PolicyKind>) -> anyhow::Result<Cow<'static, [u8]>> {
+    let Some(name) = spec.strip_prefix("builtin:") else {
+        return Ok(Cow::Owned(
+            std::fs::read(spec).with_context(|| format!("reading {spec}"))?,
+        ));
+    };
+    let builtin = match (name.split_once('/'), kind) {
+        (Some((kind, name)), _) => {
+            find(
+            PolicyKind::parse(kind).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{kind:?} is not a kind of policy: expected scaling, deregistration or pod-validation"
+                )
+            })?,
+            name,
+        )?
+        }
+        (None, Some(kind)) => find(kind, name)?,
+        (None, None) => {
+            let found: Vec<_> = named(name).collect();
+            match found.as_slice() {
+                [one] => *one,
+                [] => bail!(
+                    "there is no bundled policy named {name:?} (bundled: {})",
+                    BUILTINS
+                        .iter()
+                        .map(|b| format!("{}/{}", b.kind, b.name))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                several => bail!(
+                    "several bundled policies are named {name:?}; say which: {}",
+                    several
+                        .iter()
+                        .map(|b| format!("builtin:{}/{}", b.kind, b.name))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }
+        }
+    };
+    Ok(Cow::Borrowed(builtin.wasm))
 }

@@ -21,8 +21,14 @@ pub struct Decided<T> {
     pub decision: T,
     /// The label of the policy that answered.
     pub policy: String,
+    /// The SHA-256 of the module that answered.
+    pub sha256: String,
     /// Why the configured policy did not answer, when the fallback did.
     pub fallback_reason: Option<String>,
+    /// For a scaling decision, the state the answering policy was handed
+    /// (the input's, or its own kept state): what a recording keeps so a
+    /// replay can hand the same.
+    pub state_in: Option<Vec<u8>>,
 }
 
 /// Decides with the configured policy and falls back to the bundled default.
@@ -60,6 +66,9 @@ pub struct Decider {
     /// other's, so a cooldown could forget a scale-up. Calls for one scale
     /// set come from its one listener, so this is almost never contended.
     scaling_turn: Arc<Mutex<()>>,
+    /// A shadow's decider: when its policy fails, nothing answers for it
+    /// (see [`Decider::alone`]).
+    alone: bool,
 }
 
 /// A scaling policy's state and the digest of the module that wrote it.
@@ -83,7 +92,17 @@ impl Decider {
             metrics: None,
             state: Arc::new(Mutex::new(None)),
             scaling_turn: Arc::new(Mutex::new(())),
+            alone: false,
         }
+    }
+
+    /// A decider whose policy answers alone: its failures are errors, the
+    /// default does not answer for it. A shadow policy's: what it would
+    /// have done is the question, and the default's answer in its place
+    /// would pass for its own and make a broken candidate look fine.
+    pub fn alone(mut self) -> Self {
+        self.alone = true;
+        self
     }
 
     /// Also counts decisions and their duration in `metrics`.
@@ -182,9 +201,11 @@ impl Decider {
                 .map(|kept| kept.bytes.clone())
         };
         let given = input.state.as_ref().map(|state| state.as_bytes().to_vec());
-        let decided = self.decide(permit, |policy, permit| {
+        let handed = std::cell::RefCell::new(None);
+        let mut decided = self.decide(permit, |policy, permit| {
             let sha256 = policy.module().sha256();
             let state = given.clone().or_else(|| kept(sha256));
+            handed.replace(state.clone());
             let decision = policy.scaling_with_state(permit, input, state)?;
             // Only the configured policy's state is kept: the default
             // answering for a failed policy must not overwrite it.
@@ -198,6 +219,7 @@ impl Decider {
             }
             Ok(decision)
         })?;
+        decided.state_in = handed.into_inner();
         if let Some(requested) = decided.decision.clamped_from {
             self.reporter.report(
                 PolicyKind::Scaling,
@@ -225,13 +247,15 @@ impl Decider {
                 return Ok(Decided {
                     decision,
                     policy: policy.label().to_string(),
+                    sha256: policy.module().sha256().to_string(),
                     fallback_reason: None,
+                    state_in: None,
                 });
             }
             Err(error) => error,
         };
         let is_fallback = Arc::ptr_eq(&policy, &self.fallback);
-        if !is_fallback {
+        if !is_fallback && !self.alone {
             self.reporter.report(
                 policy.kind(),
                 policy.label(),
@@ -242,7 +266,7 @@ impl Decider {
                 },
             );
         }
-        if is_fallback {
+        if is_fallback || self.alone {
             return Err(error);
         }
         let started = Instant::now();
@@ -251,7 +275,9 @@ impl Decider {
         Ok(Decided {
             decision,
             policy: self.fallback.label().to_string(),
+            sha256: self.fallback.module().sha256().to_string(),
             fallback_reason: Some(error.to_string()),
+            state_in: None,
         })
     }
 

@@ -81,6 +81,7 @@ pub mod loader;
 pub mod metrics;
 mod module;
 pub mod reporter;
+pub mod shadow;
 pub mod suite;
 pub mod types;
 

@@ -292,6 +292,9 @@ pub struct Shared {
     pub unregistration: UnregistrationMetrics,
     /// The listeners' metrics (`gha_*`, scaling decisions).
     pub listeners: ListenerMetrics,
+    /// Every scale set's recording, written by its listener, served by
+    /// the recording API.
+    pub recordings: crate::recording::Recordings,
 }
 
 /// What held failed runners need from the flags.
@@ -333,10 +336,14 @@ impl DebugSettings {
         })
     }
 
-    /// The routes held runners are served on: the hold API always, Slack's
+    /// The routes of the debug endpoint: the hold API and the recording
+    /// API always (one review budget per client for both), Slack's
     /// interactivity endpoint with a signing secret.
-    fn router(&self, client: &Client) -> axum::Router {
-        let hold = crate::debug::api::router(client.clone());
+    fn router(&self, client: &Client, recordings: &crate::recording::Recordings) -> axum::Router {
+        let throttle = Arc::new(crate::debug::api::Throttle::default());
+        let hold = crate::debug::api::router_with(client.clone(), throttle.clone()).merge(
+            crate::recording::api::router_with(client.clone(), recordings.clone(), throttle),
+        );
         match &self.signing_secret {
             Some(secret) => hold.merge(crate::slack::router(
                 client.clone(),
@@ -410,6 +417,7 @@ impl Shared {
             registration_timeout: options.controllers.registration_timeout,
             max_runners_per_scale_set: options.controllers.max_runners_per_scale_set,
             message_batch_window: options.controllers.message_batch_window,
+            recordings: options.policies.recordings(),
         })
     }
 }
@@ -572,7 +580,7 @@ impl Runtime {
         let address = listener.local_addr().map_err(RuntimeError::Serve)?;
         let stop_serving = CancellationToken::new();
         let probes = server::router(shared.metrics.clone(), readiness.clone());
-        let held = shared.debug.router(&shared.client);
+        let held = shared.debug.router(&shared.client, &shared.recordings);
         let (main, separate) = match debug {
             Some(endpoint) => (probes, Some((endpoint, held))),
             None => (probes.merge(held), None),
@@ -831,6 +839,9 @@ mod tests {
             },
             policies: PolicyOptions {
                 default_policies: None,
+                recording_entries: 10_000,
+                recording_bytes: 4 << 20,
+                recording_total_bytes: 64 << 20,
             },
             debug: DebugOptions {
                 slack_api_url: crate::slack::DEFAULT_API_URL.parse().unwrap(),

@@ -56,6 +56,72 @@ pub struct PolicyOptions {
     /// default. Read once at start-up; a bad file stops the process.
     #[arg(long, env = "ARCWRIGHT_DEFAULT_POLICIES", value_name = "PATH")]
     pub default_policies: Option<PathBuf>,
+    /// The most entries (scaling decisions and job events) a scale set's
+    /// recording keeps, oldest dropped first; 0 records nothing. Served at
+    /// `/api/v1/namespaces/NS/autoscalingrunnersets/NAME/recording` for
+    /// `arcwright policy replay` and `simulate`.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_RECORDING_ENTRIES",
+        value_name = "N",
+        default_value_t = crate::recording::DEFAULT_LIMITS.entries
+    )]
+    pub recording_entries: usize,
+    /// The most bytes a scale set's recording keeps (`4Mi`, `512Ki`, or
+    /// bytes).
+    #[arg(
+        long,
+        env = "ARCWRIGHT_RECORDING_BYTES",
+        value_name = "SIZE",
+        default_value = "4Mi",
+        value_parser = parse_size
+    )]
+    pub recording_bytes: usize,
+    /// The most bytes all scale sets' recordings keep together: a busy
+    /// scale set then gives up its own oldest entries, never a quiet one's.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_RECORDING_TOTAL_BYTES",
+        value_name = "SIZE",
+        default_value = "64Mi",
+        value_parser = parse_size
+    )]
+    pub recording_total_bytes: usize,
+}
+
+impl PolicyOptions {
+    /// The recordings these flags bound.
+    pub fn recordings(&self) -> crate::recording::Recordings {
+        crate::recording::Recordings::new(
+            crate::recording::Limits {
+                entries: self.recording_entries,
+                bytes: self.recording_bytes,
+            },
+            self.recording_total_bytes,
+        )
+    }
+}
+
+/// A size in bytes: a number, optionally with `Ki`, `Mi` or `Gi`.
+fn parse_size(text: &str) -> Result<usize, String> {
+    let trimmed = text.trim();
+    let (digits, unit) = match trimmed.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => trimmed.split_at(at),
+        None => (trimmed, ""),
+    };
+    let shift = match unit {
+        "" => 0,
+        "Ki" => 10,
+        "Mi" => 20,
+        "Gi" => 30,
+        _ => return Err(format!("{text:?} is not a size like 4Mi, 512Ki or 1048576")),
+    };
+    let number: usize = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size like 4Mi, 512Ki or 1048576"))?;
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 /// Held failed runners (a scale set's `spec.debug`): where their Slack
@@ -497,6 +563,15 @@ mod tests {
     fn parse(args: &[&str]) -> Result<RunOptions, clap::Error> {
         Run::try_parse_from(std::iter::once("run").chain(args.iter().copied()))
             .map(|run| run.options)
+    }
+
+    #[test]
+    fn sizes_take_binary_suffixes() {
+        assert_eq!(parse_size("4Mi"), Ok(4 << 20));
+        assert_eq!(parse_size("512Ki"), Ok(512 << 10));
+        assert_eq!(parse_size("1000"), Ok(1000));
+        assert!(parse_size("4MB").unwrap_err().contains("like 4Mi"));
+        assert!(parse_size("").is_err());
     }
 
     #[test]

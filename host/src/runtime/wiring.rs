@@ -147,7 +147,8 @@ async fn autoscaling_runner_sets(ctx: Context) -> Result<(), BoxError> {
         listeners_stop.clone(),
     )
     .with_metrics(shared.listeners.clone())
-    .with_batch_window(shared.message_batch_window);
+    .with_batch_window(shared.message_batch_window)
+    .with_recordings(shared.recordings.clone());
     let context = Arc::new(
         SetContext::new(
             shared.client.clone(),

@@ -94,6 +94,38 @@ pub async fn service_account_token(client: kube::Client, namespace: &str, name: 
     issued.status.unwrap().token.expect("a token was issued")
 }
 
+/// [`service_account_token`], with the account bound to a Role of `rules`
+/// in `namespace` (an empty list: no Role).
+#[allow(dead_code)] // the binaries that call an authenticated endpoint
+pub async fn service_account_with_rules(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+    rules: serde_json::Value,
+) -> String {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let token = service_account_token(client.clone(), namespace, name).await;
+    if rules.as_array().is_none_or(|r| r.is_empty()) {
+        return token;
+    }
+    let post = PostParams::default();
+    let role = serde_json::json!({"metadata": {"name": name}, "rules": rules});
+    Api::<Role>::namespaced(client.clone(), namespace)
+        .create(&post, &serde_json::from_value(role).unwrap())
+        .await
+        .unwrap();
+    let binding = serde_json::json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+    });
+    Api::<RoleBinding>::namespaced(client, namespace)
+        .create(&post, &serde_json::from_value(binding).unwrap())
+        .await
+        .unwrap();
+    token
+}
+
 /// Creates the Secret `github-auth` holding `token` under the key ARC's
 /// Secret uses, in `namespace`.
 #[allow(dead_code)] // not every test binary has a scale set

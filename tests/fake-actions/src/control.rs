@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `POST /_fake/jobs` | a [`JobSpec`] → `{"ids": [...]}` |
 //! | `GET /_fake/jobs` | `[JobSnapshot]` |
+//! | `GET /_fake/history` | the [`JobHistory`]: every job message posted to a scale set, when |
 //! | `GET /_fake/runners` | `[RunnerSnapshot]` |
 //! | `GET /_fake/scale-sets` | `[ScaleSetSnapshot]` (with each set's last `max_capacity`) |
 //! | `GET /_fake/settings` | the [`RuntimeSettings`]: `{"assignment_timeout_ms": n}` |
@@ -30,7 +31,7 @@ use serde_json::{Value, json};
 
 use crate::error::ServiceError;
 use crate::model::{
-    Counters, Fault, JobSnapshot, JobSpec, Ledger, RunnerSnapshot, RuntimeSettings,
+    Counters, Fault, JobHistory, JobSnapshot, JobSpec, Ledger, RunnerSnapshot, RuntimeSettings,
     ScaleSetSnapshot, SessionHistory, SettingsPatch,
 };
 use crate::server::Shared;
@@ -156,6 +157,12 @@ impl Control {
         self.shared.read(|s| s.jobs())
     }
 
+    /// Every job message posted to a scale set so far, oldest first, with
+    /// when it was posted.
+    pub fn job_history(&self) -> JobHistory {
+        self.shared.read(|s| s.job_history())
+    }
+
     /// Every registered runner, by id.
     pub fn runners(&self) -> Vec<RunnerSnapshot> {
         self.shared.read(|s| s.runners())
@@ -234,6 +241,7 @@ type C = Ext<Arc<Shared>>;
 pub(crate) fn router() -> Router<Arc<Shared>> {
     Router::new()
         .route("/_fake/jobs", post(enqueue).get(jobs))
+        .route("/_fake/history", get(job_history))
         .route("/_fake/runners", get(runners))
         .route("/_fake/scale-sets", get(scale_sets))
         .route("/_fake/settings", get(settings).patch(update_settings))
@@ -263,6 +271,10 @@ async fn enqueue(Ext(shared): C, body: Bytes) -> Result<Response, ServiceError> 
 
 async fn jobs(Ext(shared): C) -> Response {
     axum::Json(control(shared).jobs()).into_response()
+}
+
+async fn job_history(Ext(shared): C) -> Response {
+    axum::Json(control(shared).job_history()).into_response()
 }
 
 async fn runners(Ext(shared): C) -> Response {

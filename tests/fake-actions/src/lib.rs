@@ -62,9 +62,10 @@ pub use endpoint::{Endpoint, UnknownEndpoint};
 pub use error::{ServiceError, StartError};
 pub use jit::{JitConfig, JitConfigError};
 pub use model::{
-    Acquisition, Counters, EndpointCount, Fault, FaultKind, JobOutcome, JobPhase, JobSnapshot,
-    JobSpec, Ledger, MAX_REQUEUES, RunnerSnapshot, RuntimeSettings, ScaleSetSnapshot,
-    SessionConflict, SessionHistory, SessionRecord, SettingsPatch, VanishedJobPolicy,
+    Acquisition, Counters, EndpointCount, Fault, FaultKind, HISTORY_LIMIT, JobHistory, JobOutcome,
+    JobPhase, JobSnapshot, JobSpec, Ledger, MAX_REQUEUES, PostedMessage, RunnerSnapshot,
+    RuntimeSettings, ScaleSetSnapshot, SessionConflict, SessionHistory, SessionRecord,
+    SettingsPatch, VanishedJobPolicy,
 };
 pub use state::{RunnerJob, Statistics};
 

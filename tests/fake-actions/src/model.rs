@@ -435,6 +435,33 @@ pub struct JobSnapshot {
     pub requeues: u32,
 }
 
+/// The most job messages [`JobHistory`] keeps: a long demo keeps its
+/// newest, and the memory stays bounded (a message is about 600 bytes).
+pub const HISTORY_LIMIT: usize = 100_000;
+
+/// Every job message the service posted to a scale set's queue, oldest
+/// first: what a listener of each set was told and when, for a recording of
+/// the traffic (`arcwright recording from-history`) made without one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobHistory {
+    /// Messages left out, the oldest, past [`HISTORY_LIMIT`].
+    pub dropped: u64,
+    /// The messages kept.
+    pub messages: Vec<PostedMessage>,
+}
+
+/// One job message as posted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PostedMessage {
+    /// When it was posted, RFC 3339.
+    pub at: String,
+    /// The scale set it was posted to.
+    pub scale_set_id: u64,
+    /// The message as the queue delivers it (`messageType`,
+    /// `runnerRequestId`, the times, ...).
+    pub message: serde_json::Value,
+}
+
 /// One registered runner as the control API reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunnerSnapshot {

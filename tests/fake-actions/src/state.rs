@@ -45,9 +45,9 @@ use crate::endpoint::Endpoint;
 use crate::error::ServiceError;
 use crate::jit::JitConfig;
 use crate::model::{
-    Acquisition, Counters, Fault, FaultKind, JobOutcome, JobPhase, JobSnapshot, JobSpec, Ledger,
-    MAX_REQUEUES, RunnerSnapshot, RuntimeSettings, ScaleSetSnapshot, SessionConflict,
-    SessionHistory, SessionRecord, VanishedJobPolicy,
+    Acquisition, Counters, Fault, FaultKind, HISTORY_LIMIT, JobHistory, JobOutcome, JobPhase,
+    JobSnapshot, JobSpec, Ledger, MAX_REQUEUES, PostedMessage, RunnerSnapshot, RuntimeSettings,
+    ScaleSetSnapshot, SessionConflict, SessionHistory, SessionRecord, VanishedJobPolicy,
 };
 
 /// The job and runner counts a listener scales on, as the service reports
@@ -317,6 +317,10 @@ pub(crate) struct State {
     counters: Counters,
     faults: Vec<Fault>,
     history: SessionHistory,
+    /// Every job message posted, for [`State::job_history`].
+    posted: VecDeque<PostedMessage>,
+    /// Posted messages left out of `posted` past [`HISTORY_LIMIT`].
+    posted_dropped: u64,
 }
 
 fn now_rfc3339() -> String {
@@ -359,6 +363,8 @@ impl State {
             counters: Counters::default(),
             faults: Vec::new(),
             history: SessionHistory::default(),
+            posted: VecDeque::new(),
+            posted_dropped: 0,
         }
     }
 
@@ -1292,10 +1298,27 @@ impl State {
         )
     }
 
-    /// Appends a job message to a scale set's queue.
+    /// Appends a job message to a scale set's queue, and to the history.
     fn post(&mut self, scale_set: u64, item: Value) {
         if let Some(set) = self.scale_sets.get_mut(&scale_set) {
+            if self.posted.len() >= HISTORY_LIMIT {
+                self.posted.pop_front();
+                self.posted_dropped += 1;
+            }
+            self.posted.push_back(PostedMessage {
+                at: now_rfc3339(),
+                scale_set_id: scale_set,
+                message: item.clone(),
+            });
             set.pending.push_back(item);
+        }
+    }
+
+    /// Every job message posted so far, oldest first.
+    pub(crate) fn job_history(&self) -> JobHistory {
+        JobHistory {
+            dropped: self.posted_dropped,
+            messages: self.posted.iter().cloned().collect(),
         }
     }
 
@@ -1988,6 +2011,45 @@ mod tests {
             }
         );
         assert_eq!(s.jobs()[0].phase, JobPhase::Assigned);
+    }
+
+    #[test]
+    fn the_history_keeps_every_posted_message_with_its_set_and_time() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (tenant, set) = with_scale_set(&mut s, &[]);
+        let before = Timestamp::now();
+        let ids = s.enqueue(&JobSpec::new(1, &[]));
+        s.acquire(set, &ids);
+        let config = jit(&mut s, tenant, set, "r1");
+        s.connect(&config).unwrap();
+        s.take_job(&config).unwrap().unwrap();
+        s.complete(&config).unwrap();
+        // Delivered and deleted: the history does not depend on the queue.
+        let delivered = drain(&mut s, set);
+        let history = s.job_history();
+        assert_eq!(history.dropped, 0);
+        let messages: Vec<Value> = history.messages.iter().map(|m| m.message.clone()).collect();
+        assert_eq!(messages, delivered);
+        assert!(history.messages.iter().all(|m| m.scale_set_id == set));
+        let times: Vec<Timestamp> = history
+            .messages
+            .iter()
+            .map(|m| m.at.parse().unwrap())
+            .collect();
+        assert!(before <= times[0], "{before} {}", times[0]);
+        assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    }
+
+    #[test]
+    fn the_history_keeps_the_newest_messages_past_its_limit() {
+        let mut s = state(VanishedJobPolicy::Requeue);
+        let (_, _set) = with_scale_set(&mut s, &[]);
+        let count = u32::try_from(HISTORY_LIMIT).unwrap() + 2;
+        let ids = s.enqueue(&JobSpec::new(count, &[]));
+        let history = s.job_history();
+        assert_eq!(history.dropped, 2);
+        assert_eq!(history.messages.len(), HISTORY_LIMIT);
+        assert_eq!(history.messages[0].message["runnerRequestId"], ids[2]);
     }
 
     #[test]

@@ -237,10 +237,14 @@ impl<L, S> Context<L, S> {
     /// Forgets what is remembered of a scale set that is gone.
     fn forget(&self, namespace: &str, name: &str) {
         let key = (namespace.to_owned(), name.to_owned());
-        self.validators
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(&key);
+        {
+            let mut validators = self
+                .validators
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            validators.remove(&key);
+            validators.remove(&(namespace.to_owned(), observe::shadow_key(name)));
+        }
         self.counts_changed
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())

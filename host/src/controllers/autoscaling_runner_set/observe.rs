@@ -15,7 +15,7 @@ use super::apply::{actions_err, kube_err};
 use super::plan::{
     DeletionObserved, FormerCredentials, Need, Observed, ProxySecretData, RunnerCounts,
     RunnerObserved, RunnerProxy, RunnerSetObserved, RunnerSetState, ServiceScaleSet,
-    TemplateVerdict,
+    ShadowTemplateVerdict, TemplateVerdict,
 };
 use super::{Context, Error, github_target};
 use crate::actions::{ActionsClient, ActionsError};
@@ -64,6 +64,8 @@ pub(super) struct Observation<'a, L, S> {
     /// The verdict on `set`'s template, kept for a fresh copy of the same
     /// generation (the same template).
     verdict: TemplateVerdict,
+    /// The shadow pod-validation policy's, kept with it.
+    shadow_verdict: Option<ShadowTemplateVerdict>,
     /// The Actions client, once the service was asked.
     pub client: Option<ActionsClient>,
     /// Whether the credentials Secret is held, read once.
@@ -83,6 +85,7 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
         apis: &'a Apis,
     ) -> Result<Self, Error> {
         let verdict = validate(&set, context).await?;
+        let shadow_verdict = shadow_validate(&set, context).await;
         let runner_set = apis
             .runner_sets
             .get_opt(&set.name_any())
@@ -92,6 +95,7 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
         let former_credentials = former_credentials(&set, apis).await?;
         let runner_proxy = runner_proxy(&set, apis).await?;
         let mut observed = observed(&set, runner_set.as_ref(), context, verdict.clone());
+        observed.shadow_template = shadow_verdict.clone();
         observed.credentials_held = credentials_held;
         observed.former_credentials = former_credentials.clone();
         observed.runner_proxy = runner_proxy;
@@ -101,6 +105,7 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
             set,
             runner_set,
             verdict,
+            shadow_verdict,
             client: None,
             credentials_held,
             former_credentials,
@@ -149,6 +154,7 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
             Some(fresh) => {
                 if fresh.metadata.generation != self.set.metadata.generation {
                     self.verdict = validate(&fresh, self.context).await?;
+                    self.shadow_verdict = shadow_validate(&fresh, self.context).await;
                 }
                 // What was read of the credentials Secrets belongs to the
                 // Secrets the first copy named; a fresh copy naming others
@@ -173,6 +179,7 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
                     self.context,
                     self.verdict.clone(),
                 );
+                self.observed.shadow_template = self.shadow_verdict.clone();
                 self.observed.credentials_held = self.credentials_held;
                 self.observed.former_credentials = self.former_credentials.clone();
                 self.observed.runner_proxy = runner_proxy(&self.set, self.apis).await?;
@@ -283,6 +290,7 @@ fn observed<L: ListenerControl, S>(
         status,
         has_finalizer: finalizer::held(set, &finalizers::AUTOSCALING_RUNNER_SET),
         template,
+        shadow_template: None,
         scale_set_id: id,
         scale_set_name: scale_set_name(set),
         scale_set_labels: set.spec.runner_scale_set_labels.clone(),
@@ -453,6 +461,7 @@ fn desired_listener(set: &AutoscalingRunnerSet, id: i64, cap: u32) -> ListenerCo
         scale_set_labels: set.spec.runner_scale_set_labels.clone(),
         labels: set.labels().clone(),
         scaling_policy: set.spec.policies.scaling_policy.clone(),
+        shadow_scaling_policy: set.spec.policies.shadow_scaling_policy.clone(),
         holds_failures: set
             .spec
             .debug
@@ -499,9 +508,40 @@ async fn validate<L, S>(
     set: &AutoscalingRunnerSet,
     context: &Context<L, S>,
 ) -> Result<TemplateVerdict, Error> {
-    let namespace = set.namespace().unwrap_or_default();
     let reference = set.spec.policies.pod_validation_policy.clone();
-    let key = (namespace.clone(), set.name_any());
+    validate_with(set, context, reference, set.name_any()).await
+}
+
+/// What `spec.shadowPodValidationPolicy` says of the template, if the set
+/// names one. Never an error: whatever goes wrong with a candidate is its
+/// verdict, shown in a condition, and blocks nothing.
+async fn shadow_validate<L, S>(
+    set: &AutoscalingRunnerSet,
+    context: &Context<L, S>,
+) -> Option<ShadowTemplateVerdict> {
+    let reference = set.spec.policies.shadow_pod_validation_policy.clone()?;
+    let namespace = set.namespace().unwrap_or_default();
+    let policy = reference.label(PolicyKind::PodValidation, &namespace);
+    let verdict = validate_with(set, context, Some(reference), shadow_key(&set.name_any())).await;
+    Some(ShadowTemplateVerdict {
+        policy,
+        verdict: verdict.map_err(|error| crate::causes::of(&error)),
+    })
+}
+
+/// The key a set's shadow validator is kept under, beside its own.
+pub(super) fn shadow_key(name: &str) -> String {
+    format!("{name}/shadow")
+}
+
+async fn validate_with<L, S>(
+    set: &AutoscalingRunnerSet,
+    context: &Context<L, S>,
+    reference: Option<crate::policy::loader::PolicyRef>,
+    key: String,
+) -> Result<TemplateVerdict, Error> {
+    let namespace = set.namespace().unwrap_or_default();
+    let key = (namespace.clone(), key);
     let cached = context
         .validators
         .lock()

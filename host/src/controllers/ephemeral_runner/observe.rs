@@ -386,7 +386,13 @@ pub(super) async fn observe_and_plan<'a>(
                         runner.spec.policies.deregistration_policy.as_ref(),
                     )
                     .await?;
+                let shadow = runner.spec.policies.shadow_deregistration_policy.as_ref();
+                let shadow_ending = shadow.map(|_| ending.clone());
                 let decided = loaded.decider().deregistration(ending).await?;
+                if let (Some(reference), Some(ending)) = (shadow, shadow_ending) {
+                    shadow_verdict(ctx, &namespace, reference, ending, decided.decision.verdict)
+                        .await;
+                }
                 observed.verdict = Some(VerdictView {
                     verdict: decided.decision.verdict,
                     fallback_reason: decided.fallback_reason,
@@ -429,6 +435,53 @@ pub(super) async fn observe_and_plan<'a>(
         observed,
         _hold_gate: None,
     })
+}
+
+/// Asks the shadow deregistration policy what it would say of `ending`,
+/// beside the active policy's `active` verdict, and counts the pair. Never
+/// acted on, and nothing about it fails the reconcile: a shadow that cannot
+/// load or answer is counted as `failed`.
+async fn shadow_verdict(
+    ctx: &Context,
+    namespace: &str,
+    reference: &crate::policy::loader::PolicyRef,
+    ending: crate::policy::types::RunnerEnding,
+    active: crate::policy::types::Verdict,
+) {
+    let answer = match ctx.deregistration_policy(namespace, Some(reference)).await {
+        Ok(loaded) => loaded
+            .decider()
+            .clone()
+            .alone()
+            .deregistration(ending)
+            .await
+            .map(|decided| decided.decision.verdict),
+        Err(error) => Err(error),
+    };
+    let name = |verdict: crate::policy::types::Verdict| {
+        serde_json::to_value(verdict)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    let (shadow, agreement) = match answer {
+        Ok(verdict) if verdict == active => (name(verdict), "same"),
+        Ok(verdict) => (name(verdict), "different"),
+        Err(error) => {
+            tracing::debug!(%namespace, "the shadow deregistration policy gave no verdict: {error}");
+            ("failed".to_owned(), "different")
+        }
+    };
+    ctx.deps
+        .metrics
+        .shadow_verdicts
+        .get_or_create(&crate::controllers::metrics::ShadowVerdictLabels {
+            namespace: namespace.to_owned(),
+            active: name(active),
+            shadow,
+            agreement,
+        })
+        .inc();
 }
 
 #[cfg(test)]

@@ -93,7 +93,7 @@ use super::failure::Failure;
 use crate::actions::RunnerScaleSet;
 use crate::api::autoscaling_runner_set::{
     AutoscalingRunnerSetCondition, AutoscalingRunnerSetEvent, PodTemplateReason,
-    RunnersCappedReason, ScaleSetConflictReason,
+    RunnersCappedReason, ScaleSetConflictReason, ShadowPodTemplateReason,
 };
 use crate::api::{
     AutoscalingRunnerSetPhase, AutoscalingRunnerSetStatus, EphemeralRunnerSetPhase,
@@ -131,6 +131,16 @@ pub enum TemplateVerdict {
     Accepted,
     /// The template is refused, with every violation the policy found.
     Rejected(Vec<Violation>),
+}
+
+/// What a shadow pod-validation policy says of the template: shown in the
+/// `ShadowPodTemplateAccepted` condition, never acted on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShadowTemplateVerdict {
+    /// The shadow policy's label.
+    pub policy: String,
+    /// Its verdict, or why it gave none.
+    pub verdict: Result<TemplateVerdict, String>,
 }
 
 /// The EphemeralRunnerSet as the AutoscalingRunnerSet reads it: exactly the
@@ -344,6 +354,8 @@ pub struct Observed {
     pub has_finalizer: bool,
     /// The verdict on `spec.template`.
     pub template: TemplateVerdict,
+    /// The shadow pod-validation policy's, when the spec names one.
+    pub shadow_template: Option<ShadowTemplateVerdict>,
     /// The scale set's id in the Actions service, when known: the status,
     /// or the annotation when the status was lost.
     pub scale_set_id: Option<i64>,
@@ -562,6 +574,50 @@ fn decide(observed: &Observed) -> Plan {
     )
 }
 
+/// The shadow pod-validation policy's condition, or none without one.
+fn set_shadow_template(conditions: &mut Vec<Condition>, observed: &Observed) {
+    let type_ = AutoscalingRunnerSetCondition::ShadowPodTemplateAccepted.as_str();
+    let Some(shadow) = &observed.shadow_template else {
+        conditions.retain(|c| c.type_ != type_);
+        return;
+    };
+    let (status, reason, message) = match &shadow.verdict {
+        Ok(TemplateVerdict::Accepted) => (
+            true,
+            ShadowPodTemplateReason::Accepted,
+            format!("the shadow policy {} accepts the template", shadow.policy),
+        ),
+        Ok(TemplateVerdict::Rejected(violations)) => (
+            false,
+            ShadowPodTemplateReason::WouldReject,
+            format!(
+                "the shadow policy {} would reject: {}",
+                shadow.policy,
+                violations_message(violations)
+            ),
+        ),
+        Err(error) => (
+            false,
+            ShadowPodTemplateReason::ShadowPolicyFailed,
+            format!(
+                "the shadow policy {} could not judge: {error}",
+                shadow.policy
+            ),
+        ),
+    };
+    conditions::set(
+        conditions,
+        conditions::Setting {
+            type_,
+            status,
+            reason: reason.as_str(),
+            message: &message,
+            observed_generation: Some(observed.generation),
+        },
+        observed.now,
+    );
+}
+
 /// Rule 1: a refused template leaves the set Pending with the generation
 /// unapplied, and says why once per distinct set of violations (the
 /// condition still carrying the same message means it was announced).
@@ -739,7 +795,14 @@ fn runner_set_step(
     let revision = match &observed.runner_set {
         None => 1,
         Some(set) => {
-            let drift = !semantically_equal(&set.spec.ephemeral_runner_spec, &runner_spec);
+            let without_shadows = |spec: &EphemeralRunnerSpec| EphemeralRunnerSpec {
+                policies: spec.policies.active(),
+                ..spec.clone()
+            };
+            let drift = !semantically_equal(
+                &without_shadows(&set.spec.ephemeral_runner_spec),
+                &without_shadows(&runner_spec),
+            );
             let was_outdated = observed.status.phase == Some(AutoscalingRunnerSetPhase::Outdated);
             // Recovering from Outdated republishes at a new revision even
             // when the runner spec did not change: the revision is what
@@ -750,13 +813,15 @@ fn runner_set_step(
             } else if !semantically_equal(
                 &set.spec.ephemeral_runner_metadata,
                 &observed.desired_runner_metadata,
-            ) || !observed
-                .desired_runner_set_labels
-                .iter()
-                .all(|(key, value)| set.labels.get(key) == Some(value))
+            ) || set.spec.ephemeral_runner_spec.policies != runner_spec.policies
+                || !observed
+                    .desired_runner_set_labels
+                    .iter()
+                    .all(|(key, value)| set.labels.get(key) == Some(value))
             {
-                // Only the labels or the runner metadata moved: the same
-                // revision, since runners are rebuilt only for a new one.
+                // Only the labels, the runner metadata or a shadow policy
+                // moved: the same revision, since runners are rebuilt only
+                // for a new one. Runners made from now on carry it.
                 set.spec.actionable_revision
             } else {
                 return None;
@@ -837,6 +902,7 @@ fn settle(observed: &Observed, mut steps: Vec<Step>, settled: Settled<'_>) -> Pl
         },
         observed.now,
     );
+    set_shadow_template(&mut next.conditions, observed);
     // Conditions that exist only while what they report is so.
     let present = [
         (

@@ -55,6 +55,7 @@ fn listener_for(id: i64, labels: &[(&str, &str)]) -> ListenerConfig {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         scaling_policy: None,
+        shadow_scaling_policy: None,
         job_metrics: Default::default(),
     }
 }
@@ -123,6 +124,7 @@ fn settled() -> Observed {
         status: running(2, at(0)),
         has_finalizer: true,
         template: TemplateVerdict::Accepted,
+        shadow_template: None,
         scale_set_id: Some(7),
         scale_set_name: "linux".into(),
         scale_set_labels: Vec::new(),
@@ -967,4 +969,69 @@ fn a_secret_the_spec_no_longer_names_is_let_go_unless_another_set_names_it() {
             done(vec![]),
         ),
     ]);
+}
+
+#[test]
+fn a_shadow_that_would_reject_says_so_and_blocks_nothing() {
+    let mut o = settled();
+    o.shadow_template = Some(ShadowTemplateVerdict {
+        policy: "configmap:ci/strict".into(),
+        verdict: Ok(TemplateVerdict::Rejected(vec![violation()])),
+    });
+    let first = plan(&o);
+    let status = first
+        .steps
+        .iter()
+        .find_map(|step| match step {
+            Step::WriteStatus(StatusChange::Settled(status)) => Some(status),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{:?}", first.steps));
+    assert_eq!(
+        (status.phase, status.observed_generation),
+        (Some(AutoscalingRunnerSetPhase::Running), Some(2)),
+        "the active policy accepted the template: the set runs on"
+    );
+    let condition = |type_: &str| {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {type_}: {:?}", status.conditions))
+    };
+    assert_eq!(condition("PodTemplateAccepted").status, "True");
+    let shadow = condition("ShadowPodTemplateAccepted");
+    assert_eq!(
+        (shadow.status.as_str(), shadow.reason.as_str()),
+        ("False", "WouldReject")
+    );
+    assert!(
+        shadow
+            .message
+            .starts_with("the shadow policy configmap:ci/strict would reject: "),
+        "{}",
+        shadow.message
+    );
+    assert!(
+        !first
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::Publish(n) if n.reason == "PodTemplateRejected")),
+        "{:?}",
+        first.steps
+    );
+
+    // Without a shadow policy the condition goes.
+    o.status.conditions.push(shadow);
+    o.shadow_template = None;
+    let second = plan(&o);
+    let gone = second.steps.iter().all(|step| match step {
+        Step::WriteStatus(StatusChange::Settled(status)) => !status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "ShadowPodTemplateAccepted"),
+        _ => true,
+    });
+    assert!(gone, "{:?}", second.steps);
 }

@@ -19,14 +19,19 @@
 //! a trace from a future version fails with that said rather than with a
 //! field it cannot read.
 
-use std::collections::VecDeque;
-use std::sync::Arc;
+pub mod api;
+pub mod cli;
+pub mod import;
+
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
 use crate::actions::JobMessage;
-use crate::policy::types::ScalingInput;
+use crate::policy::Decided;
+use crate::policy::types::{ScalingDecision, ScalingInput};
 
 /// The format's name and version, the header's `format`.
 pub const FORMAT: &str = "arcwright.dev/recording/v1";
@@ -79,6 +84,30 @@ pub struct Decision {
     /// Why the configured policy did not answer, when the fallback did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_reason: Option<String>,
+}
+
+impl Decision {
+    /// The entry for a decision made on `input` (as it was before the
+    /// decider handed the policy its kept state).
+    pub fn of(mut input: ScalingInput, decided: &Decided<ScalingDecision>) -> Decision {
+        input.state = decided
+            .state_in
+            .as_ref()
+            .map(|state| String::from_utf8_lossy(state).into_owned());
+        Decision {
+            input,
+            desired: decided.decision.desired,
+            reason: decided.decision.reason.clone(),
+            state_out: decided
+                .decision
+                .state
+                .as_ref()
+                .map(|state| String::from_utf8_lossy(state).into_owned()),
+            policy: decided.policy.clone(),
+            sha256: Some(decided.sha256.clone()),
+            fallback_reason: decided.fallback_reason.clone(),
+        }
+    }
 }
 
 /// What happened to a job.
@@ -296,6 +325,105 @@ impl Recording {
 impl Drop for Recording {
     fn drop(&mut self) {
         self.budget.release(self.bytes);
+    }
+}
+
+/// The recordings of every scale set the host listens for, by namespace
+/// and name, with the limits and the budget they share.
+///
+/// A scale set's recording outlives its listener: a listener restarted for
+/// a changed spec, or after a failover within the process, goes on
+/// recording where the last one stopped, so a trace spans a policy change
+/// (which is when an admin wants one). It is forgotten with the scale set.
+#[derive(Clone, Debug)]
+pub struct Recordings {
+    limits: Limits,
+    budget: Arc<Budget>,
+    held: Arc<Mutex<HashMap<(String, String), Shared>>>,
+}
+
+/// One scale set's recording, shared by its listener and the endpoint.
+pub type Shared = Arc<Mutex<Recording>>;
+
+/// The defaults of `--recording-entries`, `--recording-bytes` and
+/// `--recording-total-bytes`: an entry is about 700 bytes (a decision with
+/// its input) or 300 (a job event), so a scale set keeps some ten thousand
+/// entries, a busy day of one scale set's decisions and job events, in at
+/// most 4 MiB; the host keeps at most 64 MiB of recordings whatever the
+/// number of scale sets.
+pub const DEFAULT_LIMITS: Limits = Limits {
+    entries: 10_000,
+    bytes: 4 << 20,
+};
+
+/// See [`DEFAULT_LIMITS`].
+pub const DEFAULT_TOTAL_BYTES: usize = 64 << 20;
+
+impl Recordings {
+    /// Recordings bounded by `limits` each and `total` bytes together;
+    /// `limits.entries == 0` records nothing.
+    pub fn new(limits: Limits, total: usize) -> Recordings {
+        Recordings {
+            limits,
+            budget: Budget::new(total),
+            held: Arc::default(),
+        }
+    }
+
+    /// Recordings that record nothing.
+    pub fn off() -> Recordings {
+        Recordings::new(
+            Limits {
+                entries: 0,
+                bytes: 0,
+            },
+            0,
+        )
+    }
+
+    /// Whether anything is recorded.
+    pub fn enabled(&self) -> bool {
+        self.limits.entries > 0 && self.limits.bytes > 0
+    }
+
+    /// The recording of `namespace/name`, made if there is none yet;
+    /// `None` when recording is off.
+    pub fn open(&self, namespace: &str, name: &str) -> Option<Shared> {
+        if !self.enabled() {
+            return None;
+        }
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let recording = held
+            .entry((namespace.to_owned(), name.to_owned()))
+            .or_insert_with(|| {
+                Arc::new(Mutex::new(Recording::new(
+                    namespace,
+                    name,
+                    self.limits,
+                    self.budget.clone(),
+                )))
+            });
+        Some(recording.clone())
+    }
+
+    /// The trace of `namespace/name`, if it has a recording.
+    pub fn trace(&self, namespace: &str, name: &str) -> Option<String> {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let recording = held.get(&(namespace.to_owned(), name.to_owned()))?;
+        let recording = recording.lock().unwrap_or_else(|e| e.into_inner());
+        Some(recording.trace())
+    }
+
+    /// Forgets the recording of a scale set that is gone; its bytes go
+    /// back to the budget once the listener holding it ends.
+    pub fn forget(&self, namespace: &str, name: &str) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.remove(&(namespace.to_owned(), name.to_owned()));
+    }
+
+    /// The bytes every recording holds together.
+    pub fn used(&self) -> usize {
+        self.budget.used()
     }
 }
 
