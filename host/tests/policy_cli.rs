@@ -335,17 +335,22 @@ fn shell_commands(text: &str) -> Vec<String> {
 }
 
 /// Lays out, under `dir`, the files a documented command names: the module it
-/// builds (the template's component), its suites (the template's) and an
-/// input.
+/// builds (the template's component), its suites (the template's), an input,
+/// and the files of the repository it names by their path from its root (the
+/// bundled sample trace), as a reader at the root of a checkout has them.
 fn lay_out_files_for(command: &str, dir: &std::path::Path) {
     let template =
         arcwright_test_guests::path("policy-template").expect("the template guest is built");
-    let suites =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/template/tests");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let suites = root.join("policies/template/tests");
     for token in command.split_whitespace() {
         let token = token.trim_matches(|c| c == '\'' || c == '"');
         let path = dir.join(token);
-        if token.ends_with(".wasm") {
+        let in_checkout = root.join(token);
+        if !token.starts_with('-') && !token.starts_with('/') && in_checkout.is_file() {
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::copy(&in_checkout, &path).unwrap();
+        } else if token.ends_with(".wasm") {
             fs::create_dir_all(path.parent().unwrap()).unwrap();
             fs::copy(template, &path).unwrap();
         } else if let Some(folder) = token.strip_suffix("/*.yaml") {

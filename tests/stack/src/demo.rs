@@ -11,7 +11,13 @@
 //!   a job, by the Actions service's record of running jobs) / idle (the
 //!   cluster's EphemeralRunners);
 //! - the policy and the reason it gave, from the scale set's
-//!   `status.scaling`.
+//!   `status.scaling`;
+//! - beside it, what a shadow policy (the bundled `buffered`, two spare
+//!   runners) would have asked for on the same input, from
+//!   `status.scaling.shadow`: decided on every decision, never applied, so
+//!   the runners follow the active policy's count while the shadow's is
+//!   shown next to it. This is how an admin tries a candidate on live
+//!   traffic before swapping it in.
 //!
 //! Half-way through the burst it replaces the module in the ConfigMap with
 //! the bundled `cooldown` policy, live, without touching the scale set or
@@ -47,6 +53,12 @@ use crate::{ScaleSet, Stack, StackConfig};
 const SET: &str = "demo";
 /// The ConfigMap holding the scaling policy.
 const POLICY_CONFIG_MAP: &str = "scaling-policy";
+/// The shadow scaling policy, as the spec names it: a warm buffer of two,
+/// a candidate whose answers differ visibly from ARC's formula (it asks
+/// for two more while jobs run, and two when idle).
+const SHADOW: &str = "buffered";
+/// The shadow's settings.
+const SHADOW_IDLE: u32 = 2;
 
 /// How the demo runs.
 #[derive(Debug, Clone)]
@@ -94,6 +106,12 @@ pub struct View {
     pub policy: String,
     /// The reason it gave.
     pub reason: String,
+    /// The shadow policy's last answer, never applied; `None` before its
+    /// first answer or when it gave none.
+    pub shadow_desired: Option<i32>,
+    /// How that answer compares with the active policy's (`same`,
+    /// `higher`, `lower`), or why there was none.
+    pub shadow_agreement: String,
 }
 
 impl View {
@@ -134,7 +152,7 @@ impl View {
     /// The view as one plain log line.
     pub fn line(&self) -> String {
         format!(
-            "jobs queued={} running={} done={} | runners desired={} pending={} busy={} idle={} | {}: {}",
+            "jobs queued={} running={} done={} | runners desired={} pending={} busy={} idle={} | {} | {}: {}",
             self.queued,
             self.running,
             self.done,
@@ -142,9 +160,22 @@ impl View {
             self.pending,
             self.busy,
             self.idle,
+            self.shadow_text(),
             self.policy,
             self.reason
         )
+    }
+
+    /// The shadow's answer beside the active one's, as the view shows it.
+    pub fn shadow_text(&self) -> String {
+        match self.shadow_desired {
+            Some(desired) => format!(
+                "shadow {SHADOW} desired={desired} ({}, not applied)",
+                self.shadow_agreement
+            ),
+            None if self.shadow_agreement.is_empty() => format!("shadow {SHADOW} desired=-"),
+            None => format!("shadow {SHADOW} gave no answer: {}", self.shadow_agreement),
+        }
     }
 }
 
@@ -165,6 +196,41 @@ pub struct Summary {
     pub reason_before_swap: String,
     /// The reason of the last decision seen.
     pub reason_after_swap: String,
+    /// What the shadow made of the run: its answers seen, and how they
+    /// compared with the active policy's.
+    pub shadow: ShadowTally,
+}
+
+/// The shadow's answers over the run, as the view sampled them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShadowTally {
+    /// Views in which the shadow had answered.
+    pub answered: u64,
+    /// Of those, views in which it asked for more runners than the active
+    /// policy.
+    pub higher: u64,
+    /// ... for fewer.
+    pub lower: u64,
+    /// The most it asked for.
+    pub peak_desired: i32,
+    /// The most runners alive at once, which follow the active policy.
+    pub peak_alive: usize,
+}
+
+impl ShadowTally {
+    fn add(&mut self, view: &View) {
+        self.peak_alive = self.peak_alive.max(view.pending + view.busy + view.idle);
+        let Some(desired) = view.shadow_desired else {
+            return;
+        };
+        self.answered += 1;
+        self.peak_desired = self.peak_desired.max(desired);
+        match desired.cmp(&view.desired) {
+            std::cmp::Ordering::Greater => self.higher += 1,
+            std::cmp::Ordering::Less => self.lower += 1,
+            std::cmp::Ordering::Equal => {}
+        }
+    }
 }
 
 impl fmt::Display for Summary {
@@ -192,10 +258,19 @@ impl fmt::Display for Summary {
             "summary: policy before the swap: {}",
             self.reason_before_swap
         )?;
-        write!(
+        writeln!(
             f,
             "summary: policy after the swap: {}",
             self.reason_after_swap
+        )?;
+        write!(
+            f,
+            "summary: shadow {SHADOW} (never applied): answered in {} views, higher than the active policy in {}, lower in {}; it asked for at most {} runners, at most {} were alive",
+            self.shadow.answered,
+            self.shadow.higher,
+            self.shadow.lower,
+            self.shadow.peak_desired,
+            self.shadow.peak_alive
         )
     }
 }
@@ -268,7 +343,12 @@ impl Display {
                     "desired {} pending {} busy {} idle {}",
                     view.desired, view.pending, view.busy, view.idle
                 ));
-                policy.set_message(format!("{}: {}", view.policy, view.reason));
+                policy.set_message(format!(
+                    "{}: {}\n        {}",
+                    view.policy,
+                    view.reason,
+                    view.shadow_text()
+                ));
             }
             Display::Plain { last, printed } => {
                 let line = view.line();
@@ -341,11 +421,18 @@ pub async fn run(options: &DemoOptions) -> Result<Summary> {
         .await?;
     let max = i32::try_from(max_runners).context("--max-runners is too large")?;
     stack
-        .create_scale_set(&ScaleSet::new(SET, 0, max).with_policy_config_map(POLICY_CONFIG_MAP))
+        .create_scale_set(
+            &ScaleSet::new(SET, 0, max)
+                .with_policy_config_map(POLICY_CONFIG_MAP)
+                .with(
+                    "shadowScalingPolicy",
+                    serde_json::json!({"builtin": SHADOW, "settings": {"idle": SHADOW_IDLE}}),
+                ),
+        )
         .await?;
     stack.listening(SET).await?;
     println!(
-        "scale set {SET} listening in namespace {}, scaling policy from ConfigMap {POLICY_CONFIG_MAP} (bundled `default`: ARC's formula)",
+        "scale set {SET} listening in namespace {}, scaling policy from ConfigMap {POLICY_CONFIG_MAP} (bundled `default`: ARC's formula); shadow policy bundled `{SHADOW}` ({SHADOW_IDLE} spare runners), decided beside it and never applied",
         stack.namespace()
     );
 
@@ -361,9 +448,11 @@ pub async fn run(options: &DemoOptions) -> Result<Summary> {
     let mut swapped = false;
     let mut reason_before_swap = String::new();
     let mut view = View::default();
+    let mut shadow = ShadowTally::default();
     loop {
         view = observe(&stack).await.unwrap_or(view);
         display.show(&view);
+        shadow.add(&view);
         if !swapped && view.done * 2 >= total {
             reason_before_swap = format!("{}: {}", view.policy, view.reason);
             stack
@@ -379,12 +468,14 @@ pub async fn run(options: &DemoOptions) -> Result<Summary> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    // The swapped policy decides on the next message; show its reason.
+    // The swapped policy decides on the next message; show its reason, and
+    // the shadow's answer beside it.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while is_formula(&view.reason) && Instant::now() < deadline {
+    while (is_formula(&view.reason) || view.shadow_desired.is_none()) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(250)).await;
         view = observe(&stack).await.unwrap_or(view);
         display.show(&view);
+        shadow.add(&view);
     }
     display.finish();
 
@@ -402,6 +493,7 @@ pub async fn run(options: &DemoOptions) -> Result<Summary> {
         apiserver_requests: requests.total,
         reason_before_swap,
         reason_after_swap: format!("{}: {}", view.policy, view.reason),
+        shadow,
     };
     println!("{summary}");
 
@@ -428,6 +520,10 @@ async fn observe(stack: &Stack) -> Option<View> {
         view.desired = scaling.desired_runners;
         view.policy = scaling.policy;
         view.reason = scaling.reason;
+        if let Some(shadow) = scaling.shadow {
+            view.shadow_desired = shadow.desired_runners;
+            view.shadow_agreement = shadow.error.or(shadow.agreement).unwrap_or_default();
+        }
     }
     Some(view)
 }
@@ -529,7 +625,7 @@ mod tests {
         );
         assert_eq!((view.pending, view.busy, view.idle), (2, 1, 1), "{view:?}");
         assert!(view.line().starts_with(
-            "jobs queued=2 running=1 done=2 | runners desired=0 pending=2 busy=1 idle=1"
+            "jobs queued=2 running=1 done=2 | runners desired=0 pending=2 busy=1 idle=1 | shadow buffered desired=-"
         ));
     }
 
@@ -563,11 +659,66 @@ mod tests {
             apiserver_requests: 75,
             reason_before_swap: "a".into(),
             reason_after_swap: "b".into(),
+            shadow: ShadowTally {
+                answered: 9,
+                higher: 4,
+                lower: 1,
+                peak_desired: 5,
+                peak_alive: 3,
+            },
         };
         let text = summary.to_string();
         assert!(text.contains("jobs done: 10"), "{text}");
         assert!(text.contains("p50 1200 ms, p95 2500 ms"), "{text}");
         assert!(text.contains("Actions calls per job: 1.20"), "{text}");
         assert!(text.contains("API server requests per job: 7.50"), "{text}");
+        assert!(
+            text.contains("answered in 9 views, higher than the active policy in 4, lower in 1; it asked for at most 5 runners, at most 3 were alive"),
+            "{text}"
+        );
+    }
+
+    /// The shadow's answer is counted against the active one's in the
+    /// same view, and views before its first answer count for nothing.
+    #[test]
+    fn the_shadow_tally_compares_each_answer_with_the_active_one() {
+        let mut tally = ShadowTally::default();
+        let view = |desired, shadow, busy| View {
+            desired,
+            shadow_desired: shadow,
+            busy,
+            ..View::default()
+        };
+        tally.add(&view(0, None, 0));
+        tally.add(&view(3, Some(5), 3));
+        tally.add(&view(3, Some(3), 2));
+        tally.add(&view(2, Some(1), 1));
+        assert_eq!(
+            tally,
+            ShadowTally {
+                answered: 3,
+                higher: 1,
+                lower: 1,
+                peak_desired: 5,
+                peak_alive: 3,
+            }
+        );
+        let failed = View {
+            shadow_agreement: "not loaded".into(),
+            ..View::default()
+        };
+        assert_eq!(
+            failed.shadow_text(),
+            "shadow buffered gave no answer: not loaded"
+        );
+        let answered = view(1, Some(3), 0);
+        let answered = View {
+            shadow_agreement: "higher".into(),
+            ..answered
+        };
+        assert_eq!(
+            answered.shadow_text(),
+            "shadow buffered desired=3 (higher, not applied)"
+        );
     }
 }

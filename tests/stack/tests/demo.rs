@@ -124,6 +124,24 @@ async fn a_short_demo_runs_a_burst_swaps_the_policy_and_sums_up() {
         !after.contains(": minRunners"),
         "cooldown decided after the swap: {after}"
     );
+    // The shadow's answers shown live beside the active policy's, and
+    // summed up.
+    assert!(
+        output
+            .iter()
+            .any(|l| l.starts_with("jobs queued=") && l.contains("| shadow buffered desired=")),
+        "{text}"
+    );
+    let shadow = output
+        .iter()
+        .find_map(|l| l.strip_prefix("summary: shadow buffered (never applied): answered in "))
+        .unwrap_or_else(|| panic!("{text}"));
+    let answered: u64 = shadow
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{shadow}"));
+    assert!(answered >= 1, "the shadow answered: {shadow}");
 }
 
 #[tokio::test]
