@@ -54,8 +54,9 @@ enum Task {
     /// [--seed S]` runs the scale benchmark instead: N jobs through one
     /// scale set against the release build of `arcwright run`, one line of
     /// figures (`bench scale --help` for its flags). `cargo xtask bench
-    /// fleet [--sets S] [--runners N]` builds S scale sets of N idle
-    /// runners each and reports the host's memory (`bench fleet --help`).
+    /// fleet --scale-sets K [--jobs N] [--idle-s S]` serves K scale sets
+    /// from one host, idle for S seconds and then running N jobs, and
+    /// reports what a scale set costs (`bench fleet --help`).
     Bench {
         /// Extra arguments for `cargo bench` (e.g. a benchmark filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]

@@ -1,44 +1,82 @@
-//! The fleet benchmark (`cargo xtask bench fleet`): how much memory the
-//! host holds for many scale sets and thousands of runners.
+//! The fleet benchmark (`cargo xtask bench fleet`): what a scale set costs
+//! the host when there are many of them, idle and busy.
 //!
-//! Every scale set is created with `minRunners = maxRunners = N`, so the
-//! host builds `sets × N` idle runners (each an EphemeralRunner, a JIT
-//! Secret, a pod the simulator plays, a registration in the fake) and keeps
-//! them: one listener per set, every runner and pod in the controllers'
-//! caches, every registration tracked. Once all are running, the host's
-//! resident set is sampled for a while; then one job per set runs, so the
-//! figure includes the work a busy fleet does, not only an idle one.
+//! One `arcwright run` serves K AutoscalingRunnerSets (`minRunners` and
+//! `maxRunners` small, 0 and 3 by default) against the stack's own control
+//! plane (with an audit log, so the host's API server requests are
+//! counted), the fake Actions service and the runner simulator. The fake
+//! holds an empty long poll for 50 s, as the real service does: with the
+//! tests' one second, a thousand idle sets would poll a thousand times a
+//! second and measure the fake, not the host.
 //!
-//! Reported: how long the fleet took to build, the resident set once it
-//! stood (the highest of the samples), the lifetime peak (`VmHWM`, which
-//! includes the build), and both per runner. The memory a runner costs is
-//! what a platform team sizes the controller's limits by.
+//! The run, in order:
+//! 1. the host alone, its resident set once ready: the baseline a set's
+//!    cost is measured from;
+//! 2. the K sets created, and every one listening (a session in the fake)
+//!    with its standing runners running;
+//! 3. the host restarted (a clean stop, which deletes its sessions, and a
+//!    new process): `ready_s` is from the new process's start to every set
+//!    listening again, what a platform team waits for after an upgrade or
+//!    a failover;
+//! 4. the idle window (`--idle-s`): the host's CPU, the Actions calls it
+//!    makes (only long polls are expected, one per set per 50 s) and its
+//!    API server requests, per minute, and the resident set's highest
+//!    sample;
+//! 5. `--jobs` jobs spread round-robin over all sets, at once: jobs per
+//!    second from enqueue to the last success, and the wait from enqueued
+//!    to started.
+//!
+//! `rss_per_set_kib` is the idle resident set over the baseline, per set.
+//! With `--min-runners` above 0 the fleet also stands that many idle
+//! runners per set (each an EphemeralRunner, a JIT Secret, a pod, a
+//! registration), and the line adds what a runner costs.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use fake_actions::FakeConfig;
+use fake_actions::{Endpoint, FakeConfig};
+use futures::StreamExt as _;
 use kube::api::ListParams;
 
+use crate::stats::{intervals, per_second, percentile};
+use crate::timeline::Recorder;
 use crate::{ScaleSet, Stack, StackConfig};
 
-/// How long the fleet may go without one more pod running before it is
-/// taken as standing as far as it will.
+/// How long the fleet may go without one more set listening, or one more
+/// runner pod running, before it is taken as standing as far as it will.
 const STALL: Duration = Duration::from_secs(120);
+
+/// Scale sets created at once: enough to keep the API server busy,
+/// few enough not to be turned away by its priority and fairness.
+const CREATING_AT_ONCE: usize = 8;
 
 /// One fleet run; also `bench-fleet`'s command line.
 #[derive(Debug, Clone, clap::Args)]
 pub struct FleetOptions {
-    /// Scale sets.
+    /// Scale sets (K).
     #[arg(long, default_value_t = 50)]
-    pub sets: u32,
-    /// Idle runners per scale set (its minRunners and maxRunners).
-    #[arg(long, default_value_t = 100)]
-    pub runners: u32,
-    /// How long the standing fleet's memory is sampled, in seconds.
+    pub scale_sets: u32,
+    /// Each set's minRunners: idle runners it keeps standing.
+    #[arg(long, default_value_t = 0)]
+    pub min_runners: u32,
+    /// Each set's maxRunners.
+    #[arg(long, default_value_t = 3)]
+    pub max_runners: u32,
+    /// How long the standing fleet idles while measured, in seconds.
     #[arg(long, default_value_t = 60)]
-    pub sample_secs: u64,
-    /// How long the fleet may take to stand, in seconds.
+    pub idle_s: u64,
+    /// Jobs after the idle window, spread over all sets (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub jobs: u32,
+    /// How long each job runs, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub job_ms: u64,
+    /// How long the fake holds an empty long poll, in seconds (the real
+    /// service's 50).
+    #[arg(long, default_value_t = 50)]
+    pub long_poll_s: u64,
+    /// How long each phase may take, in seconds.
     #[arg(long, default_value_t = 1800)]
     pub bound_secs: u64,
     /// Extra `arcwright run` flags, after `--`.
@@ -47,163 +85,392 @@ pub struct FleetOptions {
 }
 
 /// The figures of one run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct FleetReport {
     /// Scale sets.
-    pub sets: u32,
-    /// Runners in all.
-    pub runners: u32,
-    /// Runner pods that ran (all of them, unless the simulator failed some).
-    pub running: usize,
-    /// From the first scale set's creation until every runner ran.
-    pub built_in: Duration,
-    /// The highest resident set sampled while the fleet stood and ran its
-    /// jobs, in bytes.
-    pub standing_rss_bytes: u64,
-    /// The process's lifetime peak, in bytes.
+    pub scale_sets: u32,
+    /// Standing runners in all (`minRunners` × sets).
+    pub standing_runners: u64,
+    /// From the restarted host's start until every set listened.
+    pub ready: Duration,
+    /// The host's resident set once ready with no scale set, in bytes.
+    pub baseline_rss_bytes: u64,
+    /// The highest resident set sampled in the idle window, in bytes.
+    pub idle_rss_bytes: u64,
+    /// The host's CPU over the idle window, in percent of one core.
+    pub idle_cpu_pct: f64,
+    /// The length of the idle window.
+    pub idle: Duration,
+    /// The host's Actions calls in the idle window, by endpoint.
+    pub idle_actions_calls: BTreeMap<String, u64>,
+    /// The host's API server requests in the idle window, by
+    /// `verb resource`.
+    pub idle_apiserver_requests: BTreeMap<String, u64>,
+    /// Jobs run after the idle window.
+    pub jobs: u64,
+    /// From their enqueueing until the last succeeded.
+    pub jobs_wall: Duration,
+    /// Enqueued to started, 50th percentile.
+    pub p50_wait: Duration,
+    /// The same, 95th percentile.
+    pub p95_wait: Duration,
+    /// The restarted host's lifetime peak, in bytes.
     pub peak_rss_bytes: u64,
-    /// The host's CPU time over the run.
-    pub cpu: Duration,
+}
+
+impl FleetReport {
+    /// `count` per minute of the idle window.
+    fn per_minute(&self, count: u64) -> f64 {
+        per_second(count, self.idle) * 60.0
+    }
+
+    /// Idle long polls per set per minute: about 1.2 with the service's
+    /// 50 s polls.
+    pub fn idle_polls_per_set_min(&self) -> f64 {
+        let polls = self
+            .idle_actions_calls
+            .get(&format!("{:?}", Endpoint::GetMessage))
+            .copied()
+            .unwrap_or(0);
+        self.per_minute(polls) / f64::from(self.scale_sets.max(1))
+    }
+
+    /// Idle Actions calls other than long polls: none are expected.
+    pub fn idle_other_actions_calls(&self) -> u64 {
+        let poll = format!("{:?}", Endpoint::GetMessage);
+        self.idle_actions_calls
+            .iter()
+            .filter(|(endpoint, _)| **endpoint != poll)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// The idle resident set over the baseline, per set, in KiB.
+    pub fn rss_per_set_kib(&self) -> f64 {
+        self.idle_rss_bytes.saturating_sub(self.baseline_rss_bytes) as f64
+            / 1024.0
+            / f64::from(self.scale_sets.max(1))
+    }
 }
 
 impl std::fmt::Display for FleetReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-        let per = |b: u64| b as f64 / 1024.0 / f64::from(self.runners.max(1));
+        let sets = f64::from(self.scale_sets.max(1));
+        let all_calls: u64 = self.idle_actions_calls.values().sum();
+        let requests: u64 = self.idle_apiserver_requests.values().sum();
         write!(
             f,
-            "fleet: sets={} runners={} running={} built_in={:.1}s standing_rss={:.1}MiB ({:.1} KiB/runner) \
-             peak_rss={:.1}MiB ({:.1} KiB/runner) cpu={:.1}s",
-            self.sets,
-            self.runners,
-            self.running,
-            self.built_in.as_secs_f64(),
-            mib(self.standing_rss_bytes),
-            per(self.standing_rss_bytes),
+            "scale_sets={} ready_s={:.1} idle_rss_mib={:.1} idle_cpu_pct={:.2} \
+             idle_actions_calls_per_set_min={:.2} idle_apiserver_requests_min={:.1} \
+             jobs_per_s={:.2} p50_wait_ms={} p95_wait_ms={} peak_rss_mib={:.1} \
+             rss_per_set_kib={:.1} baseline_rss_mib={:.1} idle_polls_per_set_min={:.2} \
+             idle_other_actions_calls={}",
+            self.scale_sets,
+            self.ready.as_secs_f64(),
+            mib(self.idle_rss_bytes),
+            self.idle_cpu_pct,
+            self.per_minute(all_calls) / sets,
+            self.per_minute(requests),
+            per_second(self.jobs, self.jobs_wall),
+            self.p50_wait.as_millis(),
+            self.p95_wait.as_millis(),
             mib(self.peak_rss_bytes),
-            per(self.peak_rss_bytes),
-            self.cpu.as_secs_f64(),
-        )
+            self.rss_per_set_kib(),
+            mib(self.baseline_rss_bytes),
+            self.idle_polls_per_set_min(),
+            self.idle_other_actions_calls(),
+        )?;
+        if self.standing_runners > 0 {
+            write!(
+                f,
+                " standing_runners={} rss_per_runner_kib={:.1}",
+                self.standing_runners,
+                self.idle_rss_bytes.saturating_sub(self.baseline_rss_bytes) as f64
+                    / 1024.0
+                    / self.standing_runners as f64
+            )?;
+        }
+        Ok(())
     }
 }
 
 /// Runs the fleet on a stack of its own; `progress` hears what happens.
 pub async fn run(options: &FleetOptions, progress: &dyn Fn(&str)) -> Result<FleetReport> {
     let FleetOptions {
-        sets,
-        runners,
-        sample_secs,
+        scale_sets,
+        min_runners,
+        max_runners,
+        idle_s,
+        jobs,
+        job_ms,
+        long_poll_s,
         bound_secs,
         host_args,
     } = options.clone();
-    if sets == 0 || runners == 0 {
-        bail!("--sets and --runners must be at least 1");
+    if scale_sets == 0 || max_runners == 0 || min_runners > max_runners {
+        bail!(
+            "--scale-sets and --max-runners must be at least 1, --min-runners at most --max-runners"
+        );
     }
-    let total = sets.checked_mul(runners).context("too many runners")?;
-    let per_set = i32::try_from(runners).context("--runners is too large")?;
-    progress("starting the control plane, the fake, the simulator and arcwright");
+    let min = i32::try_from(min_runners).context("--min-runners is too large")?;
+    let max = i32::try_from(max_runners).context("--max-runners is too large")?;
+    let standing = u64::from(scale_sets) * u64::from(min_runners);
+    progress(
+        "starting the control plane (with an audit log), the fake, the simulator and arcwright",
+    );
     let mut config = StackConfig::new("fleet");
+    config.audit = true;
     config.host_args = host_args;
     config.fake = FakeConfig {
+        long_poll: Duration::from_secs(long_poll_s),
         assignment_timeout: Duration::from_secs(3600),
         ..FakeConfig::default()
     };
     let mut stack = Stack::start(config).await?;
     stack.set_bound(Duration::from_secs(bound_secs));
-    let names: Vec<String> = (0..sets).map(|i| format!("fleet-{i:03}")).collect();
-    let started = Instant::now();
-    for name in &names {
-        stack
-            .create_scale_set(&ScaleSet::new(name, per_set, per_set))
-            .await?;
-    }
-    progress(&format!(
-        "{sets} scale sets created; waiting for {total} runners"
-    ));
-    // Waits until every runner pod runs, or until no more start for
-    // STALL: a pod the simulator failed to play (it says why) must not
-    // hold the figure back, and is reported.
-    let last = std::cell::Cell::new(Instant::now());
-    let progress_at = std::cell::Cell::new((0usize, Instant::now()));
-    let running = stack
-        .until(&format!("{total} runners run"), || async {
-            let pods = stack.pods().list(&ListParams::default()).await.ok()?;
-            let running = pods
-                .items
-                .iter()
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .count();
-            let (before, since) = progress_at.get();
-            if running > before {
-                progress_at.set((running, Instant::now()));
-            }
-            if last.get().elapsed() > Duration::from_secs(15) {
-                last.set(Instant::now());
-                progress(&format!("{running} of {total} runner pods running"));
-            }
-            let stalled = running == before && since.elapsed() > STALL;
-            (running >= total as usize || stalled).then_some(running)
+    // The host alone: what it holds before any scale set.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let baseline_rss_bytes = stack.host().context("the host runs")?.usage()?.rss_bytes;
+
+    let names: Vec<String> = (0..scale_sets).map(|i| format!("fleet-{i:04}")).collect();
+    let created = Instant::now();
+    let results: Vec<Result<()>> = futures::stream::iter(&names)
+        .map(|name| {
+            let stack = &stack;
+            async move { stack.create_scale_set(&ScaleSet::new(name, min, max)).await }
         })
-        .await?;
-    if running < total as usize {
-        let broken: Vec<String> = stack
-            .sim()
-            .runners()
-            .into_iter()
-            .filter_map(|r| match r.stage {
-                runner_simulator::Stage::Broken(why) => Some(format!("{}: {why}", r.pod)),
-                _ => None,
-            })
-            .collect();
-        progress(&format!(
-            "only {running} of {total} runner pods run after {STALL:?} without progress; \
-             the simulator failed {} pods: {}",
-            broken.len(),
-            broken.join("; ")
-        ));
-    }
-    let built_in = started.elapsed();
+        .buffer_unordered(CREATING_AT_ONCE)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<Vec<()>>>()?;
     progress(&format!(
-        "{total} runners run after {:.0} s; sampling memory for {sample_secs} s",
-        built_in.as_secs_f64()
+        "{scale_sets} scale sets created in {:.1} s; waiting for every one to listen",
+        created.elapsed().as_secs_f64()
     ));
-    let host = stack.host().context("the stack runs a host")?;
-    let mut standing = 0u64;
-    let until = Instant::now() + Duration::from_secs(sample_secs);
-    while Instant::now() < until {
-        standing = standing.max(host.usage()?.rss_bytes);
+    all_listening(&stack, scale_sets as usize, progress).await?;
+    if standing > 0 {
+        all_running(&stack, standing as usize, progress).await?;
+    }
+    progress(&format!(
+        "the fleet stands after {:.1} s; restarting the host",
+        created.elapsed().as_secs_f64()
+    ));
+
+    stack.stop_host(Duration::from_secs(60)).await;
+    let restarted = Instant::now();
+    stack.start_host().await?;
+    all_listening(&stack, scale_sets as usize, progress).await?;
+    let ready = restarted.elapsed();
+    progress(&format!(
+        "every set listens {:.1} s after the host's start; idle for {idle_s} s",
+        ready.as_secs_f64()
+    ));
+
+    let host = stack.host().context("the host runs")?;
+    let cpu_before = host.usage()?.cpu;
+    let calls_before = stack.host_actions_calls_by_endpoint();
+    let window_start = jiff::Timestamp::now();
+    let idle_started = Instant::now();
+    let mut idle_rss_bytes = 0u64;
+    while idle_started.elapsed() < Duration::from_secs(idle_s) {
+        idle_rss_bytes = idle_rss_bytes.max(host.usage()?.rss_bytes);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    progress("one job per scale set");
-    for name in &names {
-        stack.enqueue(name, 1, Duration::from_secs(1));
-    }
-    let sampler = async {
-        let mut most = 0u64;
-        loop {
-            if let Some(host) = stack.host()
-                && let Ok(usage) = host.usage()
-            {
-                most = most.max(usage.rss_bytes);
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            if stack.fake().control().ledger().jobs_succeeded >= u64::from(sets) {
-                return most;
-            }
-        }
+    let idle = idle_started.elapsed();
+    let window_end = jiff::Timestamp::now();
+    let idle_cpu = host.usage()?.cpu.saturating_sub(cpu_before);
+    let idle_actions_calls = stack
+        .host_actions_calls_by_endpoint()
+        .into_iter()
+        .zip(&calls_before)
+        .map(|((endpoint, after), (_, before))| (format!("{endpoint:?}"), after - before))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let idle_apiserver_requests = stack
+        .host_apiserver_requests(window_start, window_end)
+        .context("the stack's audit log")?
+        .by_kind;
+
+    let mut report = FleetReport {
+        scale_sets,
+        standing_runners: standing,
+        ready,
+        baseline_rss_bytes,
+        idle_rss_bytes,
+        idle_cpu_pct: idle_cpu.as_secs_f64() / idle.as_secs_f64() * 100.0,
+        idle,
+        idle_actions_calls,
+        idle_apiserver_requests,
+        ..FleetReport::default()
     };
-    let during_jobs = tokio::time::timeout(Duration::from_secs(bound_secs), sampler)
-        .await
-        .context("the jobs did not all succeed")?;
-    standing = standing.max(during_jobs);
-    let usage = stack.host().context("the stack runs a host")?.usage()?;
-    Ok(FleetReport {
-        sets,
-        runners: total,
-        running,
-        built_in,
-        standing_rss_bytes: standing,
-        peak_rss_bytes: usage.peak_rss_bytes,
-        cpu: usage.cpu,
+    progress(&format!(
+        "idle: Actions calls {:?}; API server requests {:?}",
+        report.idle_actions_calls, report.idle_apiserver_requests
+    ));
+
+    if jobs > 0 {
+        progress(&format!("{jobs} jobs over {scale_sets} sets"));
+        let recorder = Recorder::start(stack.fake().control(), stack.client(), stack.namespace());
+        let before = stack.fake().control().ledger().jobs_succeeded;
+        let enqueued = Instant::now();
+        for (set, count) in spread(jobs, &names) {
+            let ids = stack.enqueue(set, count, Duration::from_millis(job_ms));
+            recorder.enqueued(&ids, enqueued);
+        }
+        stack.jobs_succeeded(before + u64::from(jobs)).await?;
+        report.jobs = u64::from(jobs);
+        report.jobs_wall = enqueued.elapsed();
+        let timeline = recorder.timeline();
+        let waits = intervals(&timeline.enqueued, &timeline.started);
+        report.p50_wait = percentile(&waits, 50).unwrap_or_default();
+        report.p95_wait = percentile(&waits, 95).unwrap_or_default();
+    }
+    report.peak_rss_bytes = stack
+        .host()
+        .context("the host runs")?
+        .usage()?
+        .peak_rss_bytes;
+    Ok(report)
+}
+
+/// `jobs` spread round-robin over `sets`: each set's share, the first ones
+/// taking the remainder.
+pub fn spread(jobs: u32, sets: &[String]) -> Vec<(&str, u32)> {
+    let count = u32::try_from(sets.len()).unwrap_or(u32::MAX).max(1);
+    sets.iter()
+        .enumerate()
+        .map(|(i, set)| {
+            let extra = u32::from((i as u32) < jobs % count);
+            (set.as_str(), jobs / count + extra)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// Waits until `count` scale sets hold a message session in the fake, or
+/// none has been added for [`STALL`].
+async fn all_listening(stack: &Stack, count: usize, progress: &dyn Fn(&str)) -> Result<()> {
+    let listening = || {
+        stack
+            .fake()
+            .control()
+            .scale_sets()
+            .iter()
+            .filter(|s| s.session_active)
+            .count()
+    };
+    until_all(stack, "set listening", count, progress, || async {
+        Some(listening())
     })
+    .await
+}
+
+/// Waits until `count` runner pods run, or none has been added for
+/// [`STALL`].
+async fn all_running(stack: &Stack, count: usize, progress: &dyn Fn(&str)) -> Result<()> {
+    until_all(stack, "runner pod running", count, progress, || async {
+        let pods = stack.pods().list(&ListParams::default()).await.ok()?;
+        Some(
+            pods.items
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .count(),
+        )
+    })
+    .await
+}
+
+/// Polls `count_now` until it reaches `count`; fails, saying how far it
+/// got, when it goes [`STALL`] without growing.
+async fn until_all<Fut>(
+    stack: &Stack,
+    what: &str,
+    count: usize,
+    progress: &dyn Fn(&str),
+    mut count_now: impl FnMut() -> Fut,
+) -> Result<()>
+where
+    Fut: std::future::Future<Output = Option<usize>>,
+{
+    let mut best = (0usize, Instant::now());
+    let mut said = Instant::now();
+    loop {
+        let now = count_now().await.unwrap_or(best.0);
+        if now >= count {
+            return Ok(());
+        }
+        if now > best.0 {
+            best = (now, Instant::now());
+        }
+        if best.1.elapsed() > STALL {
+            let host = stack.host().map(|h| h.log_tail(30)).unwrap_or_default();
+            bail!(
+                "only {now} of {count} ({what}) after {STALL:?} without progress\nhost log:\n{host}"
+            );
+        }
+        if said.elapsed() > Duration::from_secs(15) {
+            said = Instant::now();
+            progress(&format!("{now} of {count} ({what})"));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jobs_are_spread_round_robin_the_first_sets_taking_the_remainder() {
+        let sets: Vec<String> = (0..4).map(|i| format!("s{i}")).collect();
+        assert_eq!(
+            spread(10, &sets),
+            vec![("s0", 3), ("s1", 3), ("s2", 2), ("s3", 2)]
+        );
+        assert_eq!(spread(2, &sets), vec![("s0", 1), ("s1", 1)]);
+        assert!(spread(0, &sets).is_empty());
+    }
+
+    #[test]
+    fn the_report_line_has_every_figure_per_set_and_per_minute() {
+        let report = FleetReport {
+            scale_sets: 100,
+            ready: Duration::from_millis(12_340),
+            baseline_rss_bytes: 20 << 20,
+            idle_rss_bytes: 30 << 20,
+            idle_cpu_pct: 0.5,
+            idle: Duration::from_secs(120),
+            idle_actions_calls: BTreeMap::from([
+                (format!("{:?}", Endpoint::GetMessage), 240),
+                (format!("{:?}", Endpoint::AcquireJobs), 2),
+            ]),
+            idle_apiserver_requests: BTreeMap::from([("list pods".to_owned(), 10)]),
+            jobs: 50,
+            jobs_wall: Duration::from_secs(10),
+            p50_wait: Duration::from_millis(900),
+            p95_wait: Duration::from_millis(2100),
+            peak_rss_bytes: 40 << 20,
+            ..FleetReport::default()
+        };
+        let line = report.to_string();
+        for figure in [
+            "scale_sets=100 ",
+            "ready_s=12.3 ",
+            "idle_rss_mib=30.0 ",
+            "idle_cpu_pct=0.50 ",
+            "idle_actions_calls_per_set_min=1.21 ",
+            "idle_apiserver_requests_min=5.0 ",
+            "jobs_per_s=5.00 ",
+            "p50_wait_ms=900 ",
+            "p95_wait_ms=2100 ",
+            "peak_rss_mib=40.0 ",
+            "rss_per_set_kib=102.4 ",
+            "idle_polls_per_set_min=1.20 ",
+            "idle_other_actions_calls=2",
+        ] {
+            assert!(line.contains(figure), "{figure} in {line}");
+        }
+        assert!(!line.contains("standing_runners"), "{line}");
+    }
 }

@@ -19,6 +19,16 @@ pub fn percentile(samples: &[Duration], p: u32) -> Option<Duration> {
     Some(sorted[rank.clamp(1, n) - 1])
 }
 
+/// `count` over `over`, per second; 0 over no time, not infinity or NaN.
+pub fn per_second(count: u64, over: Duration) -> f64 {
+    let seconds = over.as_secs_f64();
+    if seconds > 0.0 {
+        count as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
 /// Per-job differences `to[job] - from[job]` for the jobs that have both.
 pub fn intervals(from: &HashMap<u64, Instant>, to: &HashMap<u64, Instant>) -> Vec<Duration> {
     from.iter()
@@ -91,11 +101,7 @@ impl fmt::Display for BenchReport {
              apiserver_writes_per_job={:.2} host_cpu_s={:.2} host_peak_rss_mib={:.1}",
             self.jobs,
             wall,
-            if wall > 0.0 {
-                self.jobs as f64 / wall
-            } else {
-                0.0
-            },
+            per_second(self.jobs, self.wall),
             self.p50_wait.as_millis(),
             self.p95_wait.as_millis(),
             self.scaleup

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use arcwright_stack::fleet::{self, FleetOptions};
 use clap::Parser;
 
-/// Builds S scale sets of N idle runners each and prints the host's memory.
+/// Serves K scale sets from one host, idle and then busy, and prints what
+/// a scale set costs it.
 #[derive(Parser)]
 #[command(name = "bench-fleet")]
 struct Args {
