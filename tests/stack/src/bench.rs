@@ -1,5 +1,7 @@
-//! The scale benchmark: N jobs at once through one scale set of at most M
-//! runners, measured end to end.
+//! The scale benchmark: N jobs at once (or one at a time, `--arrival
+//! every:5s`) through one scale set of at most M runners, measured end to
+//! end, and then the same jobs through the floor ([`crate::floor`]): the
+//! least a controller can do for them on the same stack.
 //!
 //! Where each figure comes from:
 //!
@@ -18,31 +20,97 @@
 //!   [`crate::audit`]).
 //! - host CPU: `/proc/PID/stat` (user + system) over the same window; peak
 //!   RSS: `VmHWM` of `/proc/PID/status`, the process's lifetime peak.
+//! - the floor: once arcwright's runners are gone and the ledger checked,
+//!   the host is stopped and [`crate::floor::run`] runs the same jobs
+//!   (same durations, same arrival, same M) on a scale set of its own;
+//!   `floor_jobs_per_s` is its N over its first job enqueued to its last
+//!   succeeded, `floor_ratio` arcwright's jobs per second over it. The
+//!   ledger is checked again after it.
 //!
 //! Runs are reproducible: the scenario is fixed by its flags, and the only
 //! randomness, the jitter of job durations (`--jitter-pct`, 0 by default),
 //! is drawn from `--seed`.
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use fake_actions::{FakeConfig, JobSpec};
+use fake_actions::{Control, FakeConfig, JobSpec};
 use kube::api::ListParams;
 use rand::{Rng, SeedableRng};
 
-use crate::stats::{BenchReport, first_reaching, intervals, peak, percentile};
+use crate::stats::{BenchReport, first_reaching, intervals, peak, percentile, ratio};
 use crate::timeline::Recorder;
 use crate::{ScaleSet, Stack, StackConfig};
 
 /// The scale set's name, and the jobs' only label.
 const SET: &str = "bench";
 
+/// How the jobs arrive.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Arrival {
+    /// All at once (`burst`).
+    #[default]
+    Burst,
+    /// One at a time, this far apart (`every:5s`): with a gap longer than
+    /// a job, each job meets an idle scale set, and the wait is a single
+    /// job's, queued to started.
+    Every(Duration),
+}
+
+impl Arrival {
+    /// How long enqueueing `jobs` jobs takes.
+    pub fn span(self, jobs: u32) -> Duration {
+        match self {
+            Arrival::Burst => Duration::ZERO,
+            Arrival::Every(gap) => gap * jobs.saturating_sub(1),
+        }
+    }
+}
+
+impl FromStr for Arrival {
+    type Err = String;
+
+    /// `burst`, or `every:<duration>` with a duration such as `5s`,
+    /// `500ms` or `1m30s`, longer than zero.
+    fn from_str(text: &str) -> Result<Self, String> {
+        let usage = "an arrival is `burst` or `every:<duration>` (e.g. every:5s)";
+        if text == "burst" {
+            return Ok(Arrival::Burst);
+        }
+        let Some(gap) = text.strip_prefix("every:") else {
+            return Err(format!("{text:?}: {usage}"));
+        };
+        let signed: jiff::SignedDuration = gap
+            .parse()
+            .map_err(|e| format!("{gap:?} is not a duration like 5s or 500ms: {e}"))?;
+        match Duration::try_from(signed) {
+            Ok(gap) if !gap.is_zero() => Ok(Arrival::Every(gap)),
+            _ => Err(format!("{text:?}: the gap must be longer than zero")),
+        }
+    }
+}
+
+impl fmt::Display for Arrival {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Arrival::Burst => f.write_str("burst"),
+            Arrival::Every(gap) => write!(f, "every:{gap:?}"),
+        }
+    }
+}
+
 /// One benchmark run; also `bench-scale`'s command line.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchOptions {
-    /// Jobs, all enqueued at once.
+    /// Jobs, enqueued as `--arrival` says.
     #[arg(long, default_value_t = 200)]
     pub jobs: u32,
+    /// How the jobs arrive: `burst` (all at once) or `every:<duration>`
+    /// (one at a time, e.g. `every:5s`, to measure one job on an idle set).
+    #[arg(long, default_value = "burst")]
+    pub arrival: Arrival,
     /// The scale set's maxRunners (minRunners is 0).
     #[arg(long, default_value_t = 20)]
     pub max_runners: u32,
@@ -85,6 +153,7 @@ pub fn durations(jobs: u32, job_ms: u64, jitter_pct: u32, seed: u64) -> Vec<u64>
 pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<BenchReport> {
     let BenchOptions {
         jobs,
+        arrival,
         max_runners,
         job_ms,
         jitter_pct,
@@ -104,7 +173,7 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
         assignment_timeout: Duration::from_secs(3600),
         ..FakeConfig::default()
     };
-    let stack = Stack::start(config).await?;
+    let mut stack = Stack::start(config).await?;
     let max = i32::try_from(max_runners).context("--max-runners is too large")?;
     let mut set = ScaleSet::new(SET, 0, max);
     if protect_busy_runners {
@@ -143,18 +212,15 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
     let neighbours_before = stack.neighbour_cpu()?;
     let calls_before = stack.host_actions_calls_by_endpoint();
     let window_start = jiff::Timestamp::now();
-    progress(&format!("enqueueing {jobs} jobs"));
+    progress(&format!("enqueueing {jobs} jobs ({arrival})"));
     let started = Instant::now();
     let control = stack.fake().control();
-    for (ms, count) in runs(&durations(jobs, job_ms, jitter_pct, seed)) {
-        let ids =
-            control.enqueue_jobs(JobSpec::new(count, &[SET]).lasting(Duration::from_millis(ms)));
-        recorder.enqueued(&ids, started);
-    }
-    // At most ten times the ideal, plus start-up: a stuck run fails
-    // instead of hanging CI.
+    let durations = durations(jobs, job_ms, jitter_pct, seed);
+    enqueue(&control, &recorder, SET, &durations, arrival).await;
+    // At most ten times the ideal, plus the arrivals and start-up: a
+    // stuck run fails instead of hanging CI.
     let ideal = Duration::from_millis(job_ms * u64::from(jobs.div_ceil(max_runners)));
-    let bound = ideal * 10 + Duration::from_secs(120);
+    let bound = arrival.span(jobs) + ideal * 10 + Duration::from_secs(120);
     control
         .wait_until(bound, |s| s.ledger.jobs_succeeded >= u64::from(jobs))
         .await
@@ -236,6 +302,7 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
         .host_apiserver_requests(window_start, window_end)
         .context("the audit log is readable")?;
     let per_job = |n: u64| n as f64 / f64::from(jobs);
+    let host_cpu = usage.cpu.saturating_sub(cpu_before);
     progress(&format!(
         "Actions calls per job by endpoint: {}",
         breakdown(
@@ -253,7 +320,59 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
                 .map(|(k, n)| (k.clone(), per_job(*n)))
         )
     ));
-    Ok(BenchReport {
+    drop(recorder);
+
+    // The floor, on the same stack with arcwright's host stopped.
+    progress("stopping arcwright; running the floor");
+    stack.stop_host(Duration::from_secs(30)).await;
+    let neighbours_before = stack.neighbour_cpu()?;
+    let floor = crate::floor::run(&stack, max_runners, &durations, arrival, bound, progress)
+        .await
+        .context("the floor")?;
+    let neighbours = stack.neighbour_cpu()?;
+    stack.check_ledger(2 * u64::from(jobs)).await?;
+    let [apiserver, etcd, driver] = [0, 1, 2].map(|i| {
+        neighbours[i]
+            .saturating_sub(neighbours_before[i])
+            .as_secs_f64()
+    });
+    let floor_per_job = |n: u64| n as f64 / floor.jobs.max(1) as f64;
+    progress(&format!(
+        "floor: {} jobs on {} runners in {:.2} s; wait p50 {} ms, p95 {} ms",
+        floor.jobs,
+        floor.runners,
+        floor.wall.as_secs_f64(),
+        floor.p50_wait.as_millis(),
+        floor.p95_wait.as_millis(),
+    ));
+    progress(&format!(
+        "floor: Actions calls per job {:.2}: {}",
+        floor_per_job(floor.actions_calls.iter().map(|(_, n)| n).sum()),
+        breakdown(
+            floor
+                .actions_calls
+                .iter()
+                .map(|(e, n)| (e.to_string(), floor_per_job(*n)))
+        )
+    ));
+    if let Some(requests) = &floor.apiserver {
+        progress(&format!(
+            "floor: API server requests per job {:.2}, writes {:.2}: {}",
+            floor_per_job(requests.total),
+            floor_per_job(requests.writes),
+            breakdown(
+                requests
+                    .by_kind
+                    .iter()
+                    .map(|(k, n)| (k.clone(), floor_per_job(*n)))
+            )
+        ));
+    }
+    progress(&format!(
+        "floor: CPU kube-apiserver {apiserver:.2} s, etcd {etcd:.2} s, \
+         fake Actions service + simulator + the floor {driver:.2} s"
+    ));
+    let report = BenchReport {
         jobs: u64::from(jobs),
         wall: done - started,
         p50_wait: percentile(&waits, 50).unwrap_or_default(),
@@ -263,9 +382,49 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
         actions_calls: calls,
         apiserver_requests: requests.total,
         apiserver_writes: requests.writes,
-        host_cpu: usage.cpu.saturating_sub(cpu_before),
+        host_cpu,
         host_peak_rss_bytes: usage.peak_rss_bytes,
-    })
+        floor_jobs: floor.jobs,
+        floor_wall: floor.wall,
+    };
+    progress(&format!(
+        "arcwright at {:.2} of the floor's throughput",
+        ratio(report.jobs_per_second(), report.floor_jobs_per_second())
+    ));
+    Ok(report)
+}
+
+/// Enqueues a job of each of `durations` (milliseconds) for `label`, as
+/// `arrival` says, noting when each was enqueued in `recorder`; returns
+/// once the last is enqueued. A burst without jitter is one call for all.
+pub async fn enqueue(
+    control: &Control,
+    recorder: &Recorder,
+    label: &str,
+    durations: &[u64],
+    arrival: Arrival,
+) {
+    match arrival {
+        Arrival::Burst => {
+            let at = Instant::now();
+            for (ms, count) in runs(durations) {
+                let ids = control
+                    .enqueue_jobs(JobSpec::new(count, &[label]).lasting(Duration::from_millis(ms)));
+                recorder.enqueued(&ids, at);
+            }
+        }
+        Arrival::Every(gap) => {
+            let first = tokio::time::Instant::now();
+            let mut next = first;
+            for &ms in durations {
+                tokio::time::sleep_until(next).await;
+                let ids = control
+                    .enqueue_jobs(JobSpec::new(1, &[label]).lasting(Duration::from_millis(ms)));
+                recorder.enqueued(&ids, Instant::now());
+                next += gap;
+            }
+        }
+    }
 }
 
 /// `name value` pairs, largest first, to two decimals.
@@ -301,6 +460,49 @@ mod tests {
         let d = durations(5, 1000, 0, 42);
         assert_eq!(d, [1000; 5]);
         assert_eq!(runs(&d), [(1000, 5)]);
+    }
+
+    #[test]
+    fn arrivals_parse_as_burst_or_every_duration() {
+        assert_eq!("burst".parse::<Arrival>(), Ok(Arrival::Burst));
+        assert_eq!(
+            "every:5s".parse::<Arrival>(),
+            Ok(Arrival::Every(Duration::from_secs(5)))
+        );
+        assert_eq!(
+            "every:500ms".parse::<Arrival>(),
+            Ok(Arrival::Every(Duration::from_millis(500)))
+        );
+        assert_eq!(
+            "every:1m30s".parse::<Arrival>(),
+            Ok(Arrival::Every(Duration::from_secs(90)))
+        );
+        for (text, says) in [
+            ("", "`burst` or `every:<duration>`"),
+            ("Burst", "`burst` or `every:<duration>`"),
+            ("every", "`burst` or `every:<duration>`"),
+            ("5s", "`burst` or `every:<duration>`"),
+            ("every:", "not a duration"),
+            ("every:soon", "not a duration"),
+            ("every:0s", "longer than zero"),
+            ("every:-5s", "longer than zero"),
+        ] {
+            let error = text.parse::<Arrival>().unwrap_err();
+            assert!(error.contains(says), "{text:?}: {error}");
+        }
+        for arrival in [Arrival::Burst, Arrival::Every(Duration::from_secs(5))] {
+            assert_eq!(arrival.to_string().parse::<Arrival>(), Ok(arrival));
+        }
+        assert_eq!(Arrival::default(), Arrival::Burst);
+    }
+
+    #[test]
+    fn spaced_arrivals_take_the_gaps_between_them() {
+        assert_eq!(Arrival::Burst.span(100), Duration::ZERO);
+        let every = Arrival::Every(Duration::from_secs(5));
+        assert_eq!(every.span(10), Duration::from_secs(45));
+        assert_eq!(every.span(1), Duration::ZERO);
+        assert_eq!(every.span(0), Duration::ZERO);
     }
 
     #[test]

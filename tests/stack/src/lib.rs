@@ -22,6 +22,7 @@ pub mod bench;
 pub mod demo;
 pub mod faults;
 pub mod fleet;
+pub mod floor;
 mod host;
 pub mod identity;
 pub mod ledger;

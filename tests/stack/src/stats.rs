@@ -29,6 +29,16 @@ pub fn per_second(count: u64, over: Duration) -> f64 {
     }
 }
 
+/// `numerator` over `denominator`; 0 over 0, not infinity or NaN, as
+/// [`per_second`].
+pub fn ratio(numerator: f64, denominator: f64) -> f64 {
+    if denominator > 0.0 {
+        numerator / denominator
+    } else {
+        0.0
+    }
+}
+
 /// Per-job differences `to[job] - from[job]` for the jobs that have both.
 pub fn intervals(from: &HashMap<u64, Instant>, to: &HashMap<u64, Instant>) -> Vec<Duration> {
     from.iter()
@@ -88,6 +98,28 @@ pub struct BenchReport {
     pub host_cpu: Duration,
     /// Host peak resident set, bytes.
     pub host_peak_rss_bytes: u64,
+    /// Jobs the floor ran: the same jobs, after arcwright's run, through
+    /// the benchmark's own minimal loop ([`crate::floor`]).
+    pub floor_jobs: u64,
+    /// The floor's first job enqueued to its last finished.
+    pub floor_wall: Duration,
+}
+
+impl BenchReport {
+    /// arcwright's throughput: jobs over the wall time.
+    pub fn jobs_per_second(&self) -> f64 {
+        per_second(self.jobs, self.wall)
+    }
+
+    /// The floor's throughput on the same jobs.
+    pub fn floor_jobs_per_second(&self) -> f64 {
+        per_second(self.floor_jobs, self.floor_wall)
+    }
+
+    /// arcwright's throughput over the floor's: 1 is as fast as the floor.
+    pub fn floor_ratio(&self) -> f64 {
+        ratio(self.jobs_per_second(), self.floor_jobs_per_second())
+    }
 }
 
 impl fmt::Display for BenchReport {
@@ -98,10 +130,11 @@ impl fmt::Display for BenchReport {
             f,
             "jobs={} wall_s={:.2} jobs_per_s={:.2} p50_wait_ms={} p95_wait_ms={} scaleup_ms={} \
              p50_cleanup_ms={} actions_calls_per_job={:.2} apiserver_requests_per_job={:.2} \
-             apiserver_writes_per_job={:.2} host_cpu_s={:.2} host_peak_rss_mib={:.1}",
+             apiserver_writes_per_job={:.2} host_cpu_s={:.2} host_peak_rss_mib={:.1} \
+             floor_jobs_per_s={:.2} floor_ratio={:.2}",
             self.jobs,
             wall,
-            per_second(self.jobs, self.wall),
+            self.jobs_per_second(),
             self.p50_wait.as_millis(),
             self.p95_wait.as_millis(),
             self.scaleup
@@ -112,6 +145,8 @@ impl fmt::Display for BenchReport {
             self.apiserver_writes as f64 / jobs,
             self.host_cpu.as_secs_f64(),
             self.host_peak_rss_bytes as f64 / (1024.0 * 1024.0),
+            self.floor_jobs_per_second(),
+            self.floor_ratio(),
         )
     }
 }
@@ -169,6 +204,8 @@ mod tests {
             apiserver_writes: 1000,
             host_cpu: ms(4500),
             host_peak_rss_bytes: 40 * 1024 * 1024 + 512 * 1024,
+            floor_jobs: 200,
+            floor_wall: Duration::from_secs(16),
         };
         let line = report.to_string();
         assert!(!line.contains('\n'));
@@ -190,7 +227,9 @@ mod tests {
                 "apiserver_requests_per_job",
                 "apiserver_writes_per_job",
                 "host_cpu_s",
-                "host_peak_rss_mib"
+                "host_peak_rss_mib",
+                "floor_jobs_per_s",
+                "floor_ratio"
             ]
         );
         assert!(line.contains("jobs_per_s=10.00"), "{line}");
@@ -198,10 +237,30 @@ mod tests {
         assert!(line.contains("apiserver_writes_per_job=5.00"), "{line}");
         assert!(line.contains("host_peak_rss_mib=40.5"), "{line}");
         assert!(line.contains("scaleup_ms=1800 "), "{line}");
+        assert!(line.contains("floor_jobs_per_s=12.50"), "{line}");
+        assert!(line.ends_with(" floor_ratio=0.80"), "{line}");
         let missed = BenchReport {
             scaleup: None,
             ..report
         };
         assert!(missed.to_string().contains("scaleup_ms=never "), "{missed}");
+        let no_floor = BenchReport {
+            floor_jobs: 0,
+            floor_wall: Duration::ZERO,
+            ..missed
+        };
+        assert!(
+            no_floor
+                .to_string()
+                .ends_with(" floor_jobs_per_s=0.00 floor_ratio=0.00"),
+            "{no_floor}"
+        );
+    }
+
+    #[test]
+    fn a_ratio_over_nothing_is_zero() {
+        assert_eq!(ratio(8.0, 10.0), 0.8);
+        assert_eq!(ratio(8.0, 0.0), 0.0);
+        assert_eq!(per_second(10, Duration::ZERO), 0.0);
     }
 }

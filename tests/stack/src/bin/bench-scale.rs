@@ -1,14 +1,15 @@
-//! `cargo xtask bench scale`: one run of the scale benchmark, one line of
-//! figures on stdout (progress on stderr). See `arcwright_stack::bench`
-//! for where each figure comes from.
+//! `cargo xtask bench scale`: one run of the scale benchmark, arcwright's
+//! and then the floor's, one line of figures on stdout (progress on
+//! stderr). See `arcwright_stack::bench` for where each figure comes from,
+//! and `arcwright_stack::floor` for what the floor does.
 
 use std::process::ExitCode;
 
 use arcwright_stack::bench::{self, BenchOptions};
 use clap::Parser;
 
-/// Drives N jobs through one scale set of at most M runners and prints
-/// the figures.
+/// Drives N jobs through one scale set of at most M runners, then the
+/// same jobs through the floor, and prints the figures.
 #[derive(Parser)]
 #[command(name = "bench-scale")]
 struct Args {
