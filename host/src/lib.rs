@@ -22,6 +22,7 @@ pub mod migrate;
 pub mod policy;
 pub mod recording;
 pub mod runtime;
+pub mod sharding;
 pub mod slack;
 pub mod telemetry;
 pub mod unregistration;

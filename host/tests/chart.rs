@@ -271,6 +271,8 @@ fn every_run_flag_has_a_chart_value() {
             r#"flags={"kubeQps":20,"kubeBurst":30,"unregistrationWorkers":12,"runnerFailureLimit":3,"runnerFailureBackoff":"500ms","registrationTimeout":"20m","maxRunnersPerScaleSet":250,"messageBatchWindow":"250ms","actionsCallTimeout":"5s","actionsMessageTimeout":"70s","shutdownTimeout":"50s","leaseDuration":"20s","recordingEntries":0,"recordingBytes":"1Mi","recordingTotalBytes":"8Mi","allowPlainHttp":true}"#,
             "--set",
             "terminationGracePeriodSeconds=60",
+            "--set",
+            "shards=4",
         ],
     );
     let pod = &one(&objects, "Deployment")["spec"]["template"]["spec"];
@@ -295,6 +297,7 @@ fn every_run_flag_has_a_chart_value() {
     assert!(parsed.actions.allow_plain_http);
     assert_eq!(parsed.shutdown.shutdown_timeout, Duration::from_secs(50));
     assert_eq!(parsed.election.lease_duration, Duration::from_secs(20));
+    assert_eq!(parsed.election.shards, 4);
     assert_eq!(
         (
             parsed.policies.recording_entries,
@@ -419,6 +422,14 @@ fn rbac_grants_the_listed_rules_cluster_wide_or_per_watched_namespace() {
     let lease_role = one(&objects, "Role");
     assert_eq!(lease_role["metadata"]["namespace"], "arcwright");
     assert_eq!(lease_role["rules"], rules["leaderElection"]);
+    // The leader's Lease, and with shards the shard and membership Leases:
+    // listed together, a gone replica's membership deleted.
+    for verb in ["create", "delete", "get", "list", "patch"] {
+        assert!(
+            grants(&lease_role["rules"], "coordination.k8s.io", "leases", verb),
+            "leases: {verb}"
+        );
+    }
     assert!(
         !grants(&role["rules"], "coordination.k8s.io", "leases", "update"),
         "leases only in the release namespace"

@@ -136,6 +136,7 @@ impl World {
             reporter: Arc::new(TracingReporter::default()),
             metrics: self.metrics.clone(),
             unregistration: Default::default(),
+            shards: arcwright::sharding::Shards::single(),
         };
         let config = Config {
             namespace: Some(self.env.namespace().to_string()),

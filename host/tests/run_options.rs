@@ -38,6 +38,7 @@ const VARS: &[&str] = &[
     "ARCWRIGHT_LEADER_ELECTION_NAMESPACE",
     "ARCWRIGHT_LEADER_ELECTION_LEASE",
     "ARCWRIGHT_LEASE_DURATION",
+    "ARCWRIGHT_SHARDS",
     "ARCWRIGHT_DEFAULT_POLICIES",
     "ARCWRIGHT_SLACK_API_URL",
     "ARCWRIGHT_SLACK_SIGNING_SECRET_FILE",
@@ -125,6 +126,7 @@ fn expected() -> RunOptions {
             leader_election_namespace: Some("arcwright-system".into()),
             leader_election_lease: "ci-controller".into(),
             lease_duration: Duration::from_secs(20),
+            shards: 4,
         },
         policies: PolicyOptions {
             default_policies: Some("/etc/arcwright/default-policies.yaml".into()),
@@ -194,6 +196,8 @@ fn every_flag_is_read() {
             "ci-controller",
             "--lease-duration",
             "20s",
+            "--shards",
+            "4",
             "--default-policies",
             "/etc/arcwright/default-policies.yaml",
             "--recording-entries",
@@ -248,6 +252,7 @@ fn every_flag_falls_back_to_its_environment_variable() {
             ("ARCWRIGHT_LEADER_ELECTION_NAMESPACE", "arcwright-system"),
             ("ARCWRIGHT_LEADER_ELECTION_LEASE", "ci-controller"),
             ("ARCWRIGHT_LEASE_DURATION", "20s"),
+            ("ARCWRIGHT_SHARDS", "4"),
             (
                 "ARCWRIGHT_DEFAULT_POLICIES",
                 "/etc/arcwright/default-policies.yaml",

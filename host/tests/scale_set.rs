@@ -18,6 +18,7 @@ use arcwright::api::{AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet};
 use arcwright::credentials::ActionsClients;
 use arcwright::runtime::leader::Election;
 use arcwright::runtime::options::RunOptions;
+use arcwright::runtime::shards::ShardElection;
 use arcwright::runtime::{Runtime, RuntimeError, Shared, wiring};
 use arcwright_harness::hostile::{Hostile, hostile_server, rss_bytes};
 use arcwright_harness::{TestEnv, eventually_explained};
@@ -59,6 +60,9 @@ struct World {
     host_client: Option<kube::Client>,
     /// Flags the hosts get beyond the world's own.
     flags: Vec<String>,
+    /// Shards the hosts split the scale sets into; above 1 they campaign
+    /// for shard Leases instead of electing a leader.
+    shards: u32,
 }
 
 /// A host started beside the world's own.
@@ -102,6 +106,7 @@ impl World {
             elect,
             host_client: None,
             flags: Vec::new(),
+            shards: 1,
         }
     }
 
@@ -147,10 +152,17 @@ impl World {
         };
         shared.clients = ActionsClients::new(client, fast.clone());
         shared.actions = fast;
-        let election = elect.then(|| Election {
+        let identity = format!("host-{:08x}", rand::random::<u32>());
+        let shards = (self.shards > 1).then(|| ShardElection {
+            namespace: self.env.namespace().to_string(),
+            count: self.shards,
+            identity: identity.clone(),
+            duration: Duration::from_secs(3),
+        });
+        let election = (elect && shards.is_none()).then(|| Election {
             namespace: self.env.namespace().to_string(),
             lease: "arcwright-controller".into(),
-            identity: format!("host-{:08x}", rand::random::<u32>()),
+            identity,
             duration: Duration::from_secs(3),
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -160,6 +172,7 @@ impl World {
         let task = tokio::spawn(
             Runtime::new(shared, listener, Duration::from_secs(30))
                 .with_election(election)
+                .with_shards(shards)
                 .components(wiring::components())
                 .run_until(async move { signal.cancelled().await }),
         );
@@ -1344,9 +1357,12 @@ const FINALIZERS: &str = "an owner reference with blockOwnerDeletion needs it wh
     OwnerReferencesPermissionEnforcement admission plugin runs; the test API server does not";
 
 /// The host runs as the chart's ServiceAccount with RBAC enforced, through
-/// a burst with a ConfigMap policy, leader election, the hold API and the
-/// scale set's deletion: the chart's rules are enough, and every rule they
-/// grant was used.
+/// a burst with a ConfigMap policy, shard Leases (whose calls include the
+/// single leader's: get, create, patch), the hold API and the scale set's
+/// deletion: the chart's rules are enough, and every rule they grant was
+/// used. The one replica holds both shards, so the burst also runs through
+/// the sharded path: the set's reconciles skipped until its shard is taken,
+/// then all run again.
 #[tokio::test]
 async fn the_charts_rbac_is_enough_and_every_rule_it_grants_is_used() {
     let mut world = World::unstarted("scale-set-rbac", true).await;
@@ -1370,6 +1386,7 @@ async fn the_charts_rbac_is_enough_and_every_rule_it_grants_is_used() {
     )
     .await;
     world.host_client = Some(client);
+    world.shards = 2;
     world.start_host().await;
     world.ready().await;
 

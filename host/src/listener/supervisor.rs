@@ -13,6 +13,12 @@
 //! has deleted its message session, so the controller's deletion order
 //! (listener, runners, scale set) holds, and [`Supervisor::stop_all`] lets
 //! the process exit only after every session is gone.
+//!
+//! With the fleet split into shards, the supervisor is also where a lost
+//! shard's listeners stop ([`Supervisor::keep_owned`]): at once, each
+//! deleting its session, before the shard's Lease can pass to another
+//! replica. A listener is never started for a scale set of a shard not
+//! held, even by a reconcile that began while it was.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -27,6 +33,7 @@ use crate::credentials::ActionsClients;
 use crate::policy::loader::PolicyLoader;
 use crate::policy::types::ScaleSet;
 use crate::recording::Recordings;
+use crate::sharding::Shards;
 
 type Key = (String, String);
 
@@ -42,6 +49,7 @@ pub struct Supervisor {
     batch_window: std::time::Duration,
     metrics: ListenerMetrics,
     recordings: Recordings,
+    shards: Shards,
     shutdown: CancellationToken,
     running: Mutex<HashMap<Key, (ListenerConfig, ListenerHandle)>>,
 }
@@ -69,6 +77,7 @@ impl Supervisor {
             batch_window: super::DEFAULT_BATCH_WINDOW,
             metrics: ListenerMetrics::default(),
             recordings: Recordings::off(),
+            shards: Shards::single(),
             shutdown,
             running: Mutex::new(HashMap::new()),
         }
@@ -100,6 +109,56 @@ impl Supervisor {
     pub fn with_recordings(mut self, recordings: Recordings) -> Self {
         self.recordings = recordings;
         self
+    }
+
+    /// Runs listeners only for the scale sets of the shards `shards` holds
+    /// (all of them unless told).
+    pub fn with_shards(mut self, shards: Shards) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// Stops the listeners of scale sets whose shard is no longer held,
+    /// each deleting its session; returns how many stopped. Their
+    /// recordings stay: the shard may come back.
+    pub async fn keep_owned(&self) -> usize {
+        let lost: Vec<_> = {
+            let mut running = self.lock();
+            let lost: Vec<Key> = running
+                .keys()
+                .filter(|(namespace, name)| !self.shards.owns(namespace, name))
+                .cloned()
+                .collect();
+            lost.into_iter()
+                .filter_map(|key| running.remove(&key).map(|(_, handle)| (key, handle)))
+                .collect()
+        };
+        let stopped = lost.len();
+        for ((namespace, name), handle) in lost {
+            tracing::info!(
+                %namespace,
+                scale_set = %name,
+                "the scale set's shard is no longer held: stopping its listener"
+            );
+            finish(&namespace, &name, handle.stop().await);
+        }
+        stopped
+    }
+
+    /// Stops lost shards' listeners ([`Self::keep_owned`]) each time the
+    /// shards held change, until `shutdown`.
+    pub async fn follow_shards(&self, shutdown: &CancellationToken) {
+        if !self.shards.is_sharded() {
+            return;
+        }
+        let mut held = self.shards.subscribe();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                changed = held.changed() => if changed.is_err() { return },
+            }
+            self.keep_owned().await;
+        }
     }
 
     /// How many listeners run.
@@ -171,6 +230,9 @@ impl ListenerControl for Supervisor {
     }
 
     async fn ensure(&self, config: ListenerConfig) -> Result<(), StartError> {
+        if !self.shards.owns(&config.namespace, &config.name) {
+            return Ok(());
+        }
         let key = (config.namespace.clone(), config.name.clone());
         let previous = {
             let mut running = self.lock();
@@ -219,7 +281,12 @@ impl ListenerControl for Supervisor {
             status,
             &self.shutdown,
         );
-        self.lock().insert(key, (config, handle));
+        self.lock().insert(key.clone(), (config, handle));
+        // The shard was lost while this listener started: the stop that
+        // followed the loss may have run before the insert.
+        if !self.shards.owns(&key.0, &key.1) {
+            self.keep_owned().await;
+        }
         Ok(())
     }
 

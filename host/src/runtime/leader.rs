@@ -113,7 +113,8 @@ pub struct Record {
 }
 
 impl Record {
-    fn of(lease: &Lease, fallback: Duration) -> Self {
+    /// The record of `lease`; `fallback` when it names no duration.
+    pub fn of(lease: &Lease, fallback: Duration) -> Self {
         let spec = lease.spec.clone().unwrap_or_default();
         Self {
             holder: spec.holder_identity.filter(|h| !h.is_empty()),
@@ -433,21 +434,21 @@ impl Campaign {
 }
 
 /// Sleeps until `deadline`; forever when there is none.
-async fn sleep_until(deadline: Option<Instant>) {
+pub(super) async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
     }
 }
 
-fn post_params() -> PostParams {
+pub(super) fn post_params() -> PostParams {
     PostParams {
         field_manager: Some(field_managers::LEADER_ELECTION.to_owned()),
         ..PostParams::default()
     }
 }
 
-fn patch_params() -> PatchParams {
+pub(super) fn patch_params() -> PatchParams {
     PatchParams {
         field_manager: Some(field_managers::LEADER_ELECTION.to_owned()),
         ..PatchParams::default()

@@ -40,6 +40,7 @@ pub mod options;
 pub mod rate_limit;
 pub mod readiness;
 pub mod server;
+pub mod shards;
 pub mod wiring;
 
 use std::collections::HashMap;
@@ -295,6 +296,9 @@ pub struct Shared {
     /// Every scale set's recording, written by its listener, served by
     /// the recording API.
     pub recordings: crate::recording::Recordings,
+    /// The scale sets this replica serves: all of them unless the fleet is
+    /// split across replicas ([`shards`]).
+    pub shards: crate::sharding::Shards,
 }
 
 /// What held failed runners need from the flags.
@@ -418,6 +422,7 @@ impl Shared {
             max_runners_per_scale_set: options.controllers.max_runners_per_scale_set,
             message_batch_window: options.controllers.message_batch_window,
             recordings: options.policies.recordings(),
+            shards: crate::sharding::Shards::single(),
         })
     }
 }
@@ -473,21 +478,32 @@ pub fn run(options: RunOptions) -> Result<(), RuntimeError> {
             let listener = TcpListener::bind(address)
                 .await
                 .map_err(|source| RuntimeError::Bind { address, source })?;
-            let election = options.election.leader_elect.then(|| leader::Election {
-                namespace: options
-                    .election
-                    .leader_election_namespace
-                    .clone()
-                    .or_else(|| std::env::var("POD_NAMESPACE").ok())
-                    .unwrap_or_else(|| "default".to_owned()),
+            let namespace = options
+                .election
+                .leader_election_namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                .unwrap_or_else(|| "default".to_owned());
+            let identity = format!("{}-{:08x}", shared.owner, rand::random::<u32>());
+            // Shards replace the single leader: every replica serves a part.
+            let sharded = options.election.shards > 1;
+            let shards = sharded.then(|| shards::ShardElection {
+                namespace: namespace.clone(),
+                count: options.election.shards,
+                identity: identity.clone(),
+                duration: options.election.lease_duration,
+            });
+            let election = (options.election.leader_elect && !sharded).then(|| leader::Election {
+                namespace,
                 lease: options.election.leader_election_lease.clone(),
-                identity: format!("{}-{:08x}", shared.owner, rand::random::<u32>()),
+                identity,
                 duration: options.election.lease_duration,
             });
             let debug = debug_endpoint::DebugEndpoint::bind(&options.http).await?;
             Runtime::new(shared, listener, options.shutdown.shutdown_timeout)
                 .with_debug_endpoint(debug)
                 .with_election(election)
+                .with_shards(shards)
                 .components(wiring::components())
                 .run_until(signal)
                 .await
@@ -518,6 +534,7 @@ pub struct Runtime {
     shutdown_timeout: Duration,
     components: Vec<Component>,
     election: Option<leader::Election>,
+    shards: Option<shards::ShardElection>,
 }
 
 impl Runtime {
@@ -533,6 +550,7 @@ impl Runtime {
             shutdown_timeout,
             components: Vec::new(),
             election: None,
+            shards: None,
         }
     }
 
@@ -550,6 +568,14 @@ impl Runtime {
         self
     }
 
+    /// Campaigns for `shards`' Leases; the controllers and the listeners
+    /// serve the scale sets of the shards held ([`shards`]). `None` (the
+    /// default) serves every scale set.
+    pub fn with_shards(mut self, shards: Option<shards::ShardElection>) -> Self {
+        self.shards = shards;
+        self
+    }
+
     /// Adds components, started in this order.
     pub fn components(mut self, components: impl IntoIterator<Item = Component>) -> Self {
         self.components.extend(components);
@@ -560,13 +586,26 @@ impl Runtime {
     /// resolves or a component fails, then shuts down within the bound.
     pub async fn run_until(self, signal: impl Future<Output = ()>) -> Result<(), RuntimeError> {
         let Self {
-            shared,
+            mut shared,
             listener,
             debug,
             shutdown_timeout,
             components,
             election,
+            shards,
         } = self;
+        let holdings = match shards {
+            Some(shards) => Some(
+                shards
+                    .start(shared.client.clone())
+                    .await
+                    .map_err(RuntimeError::Election)?,
+            ),
+            None => None,
+        };
+        if let Some(holdings) = &holdings {
+            shared.shards = holdings.shards();
+        }
         let mut leadership = match election {
             Some(election) => Some(
                 election
@@ -717,6 +756,9 @@ impl Runtime {
         if let Some(leadership) = leadership {
             leadership.release().await;
         }
+        if let Some(holdings) = holdings {
+            holdings.release().await;
+        }
         stop_serving.cancel();
         if !server_done {
             // The server only finishes open requests; a scrape in flight is
@@ -836,6 +878,7 @@ mod tests {
                 leader_election_namespace: None,
                 leader_election_lease: "arcwright-controller".into(),
                 lease_duration: Duration::from_secs(15),
+                shards: 1,
             },
             policies: PolicyOptions {
                 default_policies: None,

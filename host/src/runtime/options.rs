@@ -190,6 +190,19 @@ pub struct ElectionOptions {
         value_parser = parse_lease_duration
     )]
     pub lease_duration: Duration,
+    /// Split the scale sets into this many shards, each held by one replica
+    /// through a Lease (`arcwright-shard-0..N-1`); every replica serves
+    /// the sets of the shards it holds, at most its fair share of them.
+    /// Replaces `--leader-elect` when above 1. All replicas must be given
+    /// the same number.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_SHARDS",
+        value_name = "N",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u32).range(1..=1024)
+    )]
+    pub shards: u32,
 }
 
 /// A lease duration: whole seconds, at least 2 (the holder renews a third

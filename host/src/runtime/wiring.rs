@@ -65,6 +65,7 @@ async fn ephemeral_runners(ctx: Context) -> Result<(), BoxError> {
         reporter: Arc::clone(&shared.policy.reporter),
         metrics: shared.controllers.clone(),
         unregistration: shared.unregistration.clone(),
+        shards: shared.shards.clone(),
     };
     let pool = PoolConfig {
         workers: usize::from(shared.unregistration_workers),
@@ -102,6 +103,7 @@ async fn ephemeral_runner_sets(ctx: Context) -> Result<(), BoxError> {
     let mut context = SetContext::new(shared.client.clone(), shared.runner_sets.clone());
     context.controller_metrics = shared.controllers.clone();
     context.runner_cap = shared.max_runners_per_scale_set;
+    context.shards = shared.shards.clone();
     let context = Arc::new(context);
     join_all(scopes.iter().map(|namespace| {
         ephemeral_runner_set::run(
@@ -148,7 +150,8 @@ async fn autoscaling_runner_sets(ctx: Context) -> Result<(), BoxError> {
     )
     .with_metrics(shared.listeners.clone())
     .with_batch_window(shared.message_batch_window)
-    .with_recordings(shared.recordings.clone());
+    .with_recordings(shared.recordings.clone())
+    .with_shards(shared.shards.clone());
     let context = Arc::new(
         SetContext::new(
             shared.client.clone(),
@@ -158,17 +161,22 @@ async fn autoscaling_runner_sets(ctx: Context) -> Result<(), BoxError> {
             Arc::clone(&shared.policy.reporter),
         )
         .with_metrics(shared.controllers.clone())
-        .with_runner_cap(shared.max_runners_per_scale_set),
+        .with_runner_cap(shared.max_runners_per_scale_set)
+        .with_shards(shared.shards.clone()),
     );
-    join_all(scopes.iter().map(|namespace| {
+    let controllers = join_all(scopes.iter().map(|namespace| {
         autoscaling_runner_set::run(
             Arc::clone(&context),
             namespace.as_deref(),
             ctx.shutdown.clone(),
             synced.clone(),
         )
-    }))
-    .await;
+    }));
+    // A lost shard's listeners stop at once, not at the next reconcile.
+    tokio::join!(
+        controllers,
+        context.listeners().follow_shards(&ctx.shutdown)
+    );
     context.listeners().stop_all().await;
     listeners_stop.cancel();
     Ok(())

@@ -585,3 +585,173 @@ async fn a_scale_set_taken_over_from_another_controller_mid_stream_loses_no_job(
         "{history:?}"
     );
 }
+
+/// Three replicas split thirty scale sets into six shards: each holds two
+/// shards and serves their sets, one listener per set in the whole fleet.
+/// One replica is killed mid-burst (SIGKILL: its sessions are not deleted,
+/// its Leases not released); the survivors take its shards once their
+/// Leases have gone unrenewed for a lease duration, and serve its sets
+/// again. No session is ever polled once a newer one exists for its set
+/// (two listeners never poll one set at once), the only refused sessions
+/// are the survivors' attempts while the killed replica's sessions had not
+/// yet expired, and every job is done with no registration left.
+#[tokio::test]
+async fn three_replicas_split_the_fleet_and_a_killed_ones_sets_are_served_again() {
+    use std::collections::BTreeMap;
+    const LEASE: Duration = Duration::from_secs(6);
+    const SHARDS: u32 = 6;
+    const SETS: usize = 30;
+    const KILLED: &str = "replica-b";
+    let mut config = StackConfig::new("shards");
+    config.host_args = vec![
+        "--shards".into(),
+        SHARDS.to_string(),
+        "--lease-duration".into(),
+        format!("{}s", LEASE.as_secs()),
+    ];
+    // The service expires a killed listener's session once it has gone
+    // unpolled for a while; shorter than the lease here, so what is
+    // measured is the shards' hand-over, not the service's expiry.
+    config.fake = fake_actions::FakeConfig {
+        session_idle_expiry: Duration::from_secs(3),
+        ..fake_actions::FakeConfig::default()
+    };
+    let stack = Stack::start(config).await.expect("the stack starts");
+    let replica_b = stack.start_replica(KILLED).await.unwrap();
+    let _replica_c = stack.start_replica("replica-c").await.unwrap();
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(stack.client(), stack.namespace());
+    // A replica's identity is its HOSTNAME, a dash and eight hex digits.
+    let replica = |identity: &str| identity[..identity.len().saturating_sub(9)].to_owned();
+    let holders = || async {
+        let mut holders = Vec::new();
+        for shard in 0..SHARDS {
+            let lease = leases
+                .get_opt(&arcwright::runtime::shards::shard_lease(shard))
+                .await
+                .ok()??;
+            holders.push(replica(&lease.spec?.holder_identity?));
+        }
+        Some(holders)
+    };
+    let spread = stack
+        .until("two shards for each of the three replicas", || async {
+            let holders = holders().await?;
+            let mut count: BTreeMap<String, usize> = BTreeMap::new();
+            for holder in &holders {
+                *count.entry(holder.clone()).or_default() += 1;
+            }
+            (count.len() == 3 && count.values().all(|n| *n == 2)).then_some(holders)
+        })
+        .await
+        .unwrap();
+
+    let names: Vec<String> = (0..SETS).map(|i| format!("set-{i:02}")).collect();
+    for name in &names {
+        stack
+            .create_scale_set(&ScaleSet::new(name, 0, 2))
+            .await
+            .unwrap();
+    }
+    let shard_of =
+        |name: &str| arcwright::sharding::shard_of(stack.namespace(), name, SHARDS) as usize;
+    let control = stack.fake().control();
+    let ids = |names: &[String]| -> Option<Vec<(String, u64)>> {
+        let sets = control.scale_sets();
+        names
+            .iter()
+            .map(|name| {
+                let set = sets.iter().find(|s| &s.name == name)?;
+                Some((name.clone(), set.id))
+            })
+            .collect()
+    };
+    // Every set served by the replica holding its shard, and only by it.
+    let served_by = |holders: &[String], names: &[String]| -> Option<()> {
+        let history = control.session_history();
+        for (name, id) in ids(names)? {
+            let live: Vec<_> = history
+                .of_scale_set(id)
+                .filter(|s| s.ended.is_none())
+                .collect();
+            if live.len() != 1 || live[0].owner != holders[shard_of(&name)] {
+                return None;
+            }
+        }
+        Some(())
+    };
+    stack
+        .until("every set served by its shard's holder", || async {
+            served_by(&spread, &names)
+        })
+        .await
+        .unwrap();
+    let killed_sets: Vec<String> = names
+        .iter()
+        .filter(|name| spread[shard_of(name)] == KILLED)
+        .cloned()
+        .collect();
+    assert!(!killed_sets.is_empty(), "{spread:?}");
+
+    // A burst over every set; the replica is killed once it is under way.
+    for name in &names {
+        stack.enqueue(name, 2, Duration::from_secs(2));
+    }
+    let jobs = u64::try_from(2 * SETS).unwrap();
+    stack.jobs_succeeded(jobs / 4).await.unwrap();
+    let killed_at = Instant::now();
+    let killed_wall = SystemTime::now();
+    replica_b.kill();
+
+    let after = stack
+        .until(
+            "the killed replica's shards taken by the survivors",
+            || async {
+                let holders = holders().await?;
+                holders.iter().all(|h| h != KILLED).then_some(holders)
+            },
+        )
+        .await
+        .unwrap();
+    stack
+        .until("the killed replica's sets served again", || async {
+            served_by(&after, &names)
+        })
+        .await
+        .unwrap();
+    let served_again = killed_at.elapsed();
+    println!(
+        "the killed replica's {} sets served again {} ms after the kill (lease {} s)",
+        killed_sets.len(),
+        served_again.as_millis(),
+        LEASE.as_secs()
+    );
+    assert!(
+        served_again < LEASE * 4,
+        "served again only after {served_again:?}"
+    );
+
+    stack.jobs_succeeded(jobs).await.unwrap();
+    stack.settled_at(0).await.unwrap();
+    stack.check_ledger(jobs).await.unwrap();
+
+    let history = control.session_history();
+    for (name, id) in ids(&names).unwrap() {
+        let mut sessions: Vec<_> = history.of_scale_set(id).collect();
+        sessions.sort_by_key(|s| s.created);
+        for pair in sessions.windows(2) {
+            let last_poll = pair[0].last_poll.unwrap_or(pair[0].created);
+            assert!(
+                pair[0].ended.is_some() && last_poll <= pair[1].created,
+                "{name}: a session polled after the next was created: {pair:?}"
+            );
+        }
+        let moved = killed_sets.contains(&name);
+        for conflict in history.conflicts.iter().filter(|c| c.scale_set_id == id) {
+            assert!(
+                moved && conflict.at >= killed_wall,
+                "{name}: a session refused while its holder lived: {conflict:?}"
+            );
+        }
+    }
+}

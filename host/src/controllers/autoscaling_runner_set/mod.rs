@@ -41,6 +41,7 @@ use crate::controllers::metrics::ControllerMetrics;
 use crate::credentials::{ActionsClientSource, CredentialsError, GitHubTarget};
 use crate::policy::PolicyReporter;
 use crate::policy::loader::{LoadedPolicy, PolicyLoader, PolicyRef};
+use crate::sharding::Shards;
 
 pub use crate::listener::control::{
     InMemoryListeners, ListenerConfig, ListenerControl, ListenerEvent, StartError,
@@ -141,6 +142,8 @@ pub struct Context<L, S> {
     /// namespace, or one for all), so a set can tell whether another holds
     /// the scale set it would adopt.
     stores: Mutex<Vec<reflector::Store<AutoscalingRunnerSet>>>,
+    /// The scale sets this replica serves ([`crate::sharding`]).
+    shards: Shards,
 }
 
 /// A loaded pod-validation policy and the reference it was loaded for.
@@ -173,7 +176,15 @@ impl<L: ListenerControl, S: ActionsClientSource> Context<L, S> {
             counts_changed: Mutex::default(),
             runner_cap: crate::controllers::kit::DEFAULT_RUNNER_CAP,
             stores: Mutex::default(),
+            shards: Shards::single(),
         }
+    }
+
+    /// Serves only the scale sets of the shards `shards` holds (all of them
+    /// unless told).
+    pub fn with_shards(mut self, shards: Shards) -> Self {
+        self.shards = shards;
+        self
     }
 
     /// Bounds every scale set at `cap` runners, whatever its spec says.
@@ -305,6 +316,8 @@ pub async fn run<L: ListenerControl, S: ActionsClientSource>(
     );
     let controller = Controller::for_stream(events.applied_objects(), reader)
         .owns_stream(owned)
+        // The sets of a shard just taken were skipped until now.
+        .reconcile_all_on(context.shards.gained())
         .trigger_backoff(crate::watch::Undelayed)
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile, error_policy, context)
@@ -342,6 +355,10 @@ pub async fn reconcile<L: ListenerControl, S: ActionsClientSource>(
         namespace = set.namespace().unwrap_or_default(),
         name = set.name_any()
     );
+    // Another replica's: it holds the set's shard, and acts on it alone.
+    if !context.shards.owns_object(set.as_ref(), true) {
+        return Ok(Action::await_change());
+    }
     let _timer = context.metrics.time(CONTROLLER);
     async move {
         let namespace = set.namespace().ok_or(Error::Incomplete("namespace"))?;

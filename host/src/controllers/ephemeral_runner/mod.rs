@@ -183,6 +183,9 @@ pub struct Dependencies {
     /// The unregistration pools' metrics (one pool per namespace watched,
     /// summed).
     pub unregistration: UnregistrationMetrics,
+    /// The scale sets this replica serves ([`crate::sharding`]): a runner
+    /// is served, and unregistered, with its scale set.
+    pub shards: crate::sharding::Shards,
 }
 
 /// What every reconcile reads.
@@ -267,6 +270,10 @@ async fn reconcile(
     runner: Arc<EphemeralRunner>,
     ctx: Arc<Context>,
 ) -> Result<Action, EphemeralRunnerError> {
+    // Another replica's: it holds the scale set's shard.
+    if !ctx.deps.shards.owns_object(runner.as_ref(), false) {
+        return Ok(Action::await_change());
+    }
     let _timer = ctx.deps.metrics.time(CONTROLLER);
     let namespace = runner.namespace().unwrap_or_default();
     let name = runner.name_any();
@@ -330,6 +337,7 @@ pub async fn run(
     synced: super::kit::Synced,
 ) {
     let client = deps.client.clone();
+    let shards = deps.shards.clone();
     let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
     let pool = UnregistrationPool::with_metrics(
         ActionsRemover::new(deps.clients.clone()),
@@ -411,6 +419,8 @@ pub async fn run(
         .owns_stream(pods)
         .owns_stream(secrets)
         .reconcile_on(woken)
+        // The runners of a shard just taken were skipped until now.
+        .reconcile_all_on(shards.gained())
         .with_config(controller::Config::default().concurrency(config.concurrency))
         .trigger_backoff(crate::watch::Undelayed)
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())

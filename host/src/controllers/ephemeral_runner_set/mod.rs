@@ -26,7 +26,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{self, Action, ReconcileReason, ReconcileRequest};
-use kube::runtime::reflector;
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, applier, watcher};
 
 use tokio_util::sync::CancellationToken;
@@ -60,6 +60,9 @@ pub struct Context {
     /// (`--max-runners-per-scale-set`): the listener never asks for more,
     /// and a hand-edited `replicas` is held to it too.
     pub runner_cap: u32,
+    /// The scale sets this replica serves ([`crate::sharding`]): a runner
+    /// set is served with its scale set.
+    pub shards: crate::sharding::Shards,
     /// What the controller remembers of each set between passes, by uid.
     memory: std::sync::Mutex<std::collections::HashMap<String, SetMemory>>,
 }
@@ -93,6 +96,7 @@ impl Context {
             metrics,
             controller_metrics: ControllerMetrics::default(),
             runner_cap: super::kit::DEFAULT_RUNNER_CAP,
+            shards: crate::sharding::Shards::single(),
             memory: std::sync::Mutex::default(),
         }
     }
@@ -137,6 +141,10 @@ impl Context {
 /// One pass: observe, plan, apply, in the plan's order: finalizer,
 /// deletions, renewals, creations, then the status, last.
 async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // Another replica's: it holds the scale set's shard.
+    if !ctx.shards.owns_object(set.as_ref(), false) {
+        return Ok(Action::await_change());
+    }
     let _timer = ctx.controller_metrics.time(CONTROLLER_NAME);
     // Released already and about to go: a pass queued behind the last one
     // has nothing to do, and must not bring the set's metrics back.
@@ -366,7 +374,21 @@ pub async fn run(
         ctx.metrics.clone(),
         ctx.controller_metrics.clone(),
     );
-    let queue = futures::stream::select(own.boxed(), owned.boxed())
+    // The sets of a shard just taken were skipped until now: each is
+    // queued once more.
+    let gained = {
+        let reader = reader.clone();
+        ctx.shards.gained().flat_map(move |()| {
+            futures::stream::iter(
+                reader
+                    .state()
+                    .iter()
+                    .map(|set| Ok(ReconcileRequest::from(ObjectRef::from_obj(set.as_ref()))))
+                    .collect::<Vec<_>>(),
+            )
+        })
+    };
+    let queue = futures::stream::select_all([own.boxed(), owned.boxed(), gained.boxed()])
         .take_until(shutdown.clone().cancelled_owned());
     let controller = applier(
         |set, ctx| Box::pin(reconcile(set, ctx)),
