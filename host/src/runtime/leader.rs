@@ -366,59 +366,19 @@ impl Campaign {
             return Ok(false);
         }
         let ours = record.holder.as_deref() == Some(self.identity.as_str());
-        let stamp = MicroTime(Timestamp::now());
-        let duration = i32::try_from(self.timing.lease_duration.as_secs()).unwrap_or(i32::MAX);
-        let mut spec = json!({
-            "holderIdentity": self.identity,
-            "leaseDurationSeconds": duration,
-            "renewTime": stamp,
-        });
-        if !ours {
-            spec["acquireTime"] = json!(stamp);
-            spec["leaseTransitions"] = json!(
-                lease
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.lease_transitions)
-                    .unwrap_or(0)
-                    + 1
-            );
-        }
+        let spec = holder_spec(&self.identity, self.timing.lease_duration, &lease, !ours);
         // Conditional on the resourceVersion read. Someone wrote the Lease
         // since (409) is a failed attempt, not yet a loss: the next one
         // reads who holds it now.
-        let written = self.write(&lease, spec).await?;
+        let written = write_if_unchanged(&self.api, &self.name, &lease, spec).await?;
         self.observed = Some((Record::of(&written, self.timing.lease_duration), now));
         Ok(true)
-    }
-
-    /// Merge-patches the Lease's spec, on the condition that it is still
-    /// the version `read`.
-    async fn write(&self, read: &Lease, spec: serde_json::Value) -> Result<Lease, kube::Error> {
-        let patch = json!({
-            "metadata": {"resourceVersion": read.metadata.resource_version},
-            "spec": spec,
-        });
-        self.api
-            .patch(&self.name, &patch_params(), &Patch::Merge(&patch))
-            .await
     }
 
     /// Gives the Lease up, if this replica still holds it, so the next
     /// leader need not wait for it to expire.
     async fn release(&self) {
-        let released = async {
-            let lease = self.api.get(&self.name).await?;
-            let holder = lease
-                .spec
-                .as_ref()
-                .and_then(|s| s.holder_identity.as_deref());
-            if holder != Some(self.identity.as_str()) {
-                return Ok(false);
-            }
-            let spec = json!({"holderIdentity": null, "renewTime": null, "acquireTime": null});
-            self.write(&lease, spec).await.map(|_| true)
-        };
+        let released = release_if_held(&self.api, &self.name, &self.identity);
         match tokio::time::timeout(
             self.timing.retry_period.max(Duration::from_secs(2)),
             released,
@@ -431,6 +391,72 @@ impl Campaign {
             Err(_) => tracing::warn!("the Lease was not released: the API server did not answer"),
         }
     }
+}
+
+/// The spec that writes `identity` in as the holder of the Lease `read`,
+/// for `duration`; `taking` (it was another's, or nobody's) also stamps the
+/// acquisition and counts a transition.
+pub(super) fn holder_spec(
+    identity: &str,
+    duration: Duration,
+    read: &Lease,
+    taking: bool,
+) -> serde_json::Value {
+    let stamp = MicroTime(Timestamp::now());
+    let seconds = i32::try_from(duration.as_secs()).unwrap_or(i32::MAX);
+    let mut spec = json!({
+        "holderIdentity": identity,
+        "leaseDurationSeconds": seconds,
+        "renewTime": stamp,
+    });
+    if taking {
+        spec["acquireTime"] = json!(stamp);
+        spec["leaseTransitions"] = json!(
+            read.spec
+                .as_ref()
+                .and_then(|s| s.lease_transitions)
+                .unwrap_or(0)
+                + 1
+        );
+    }
+    spec
+}
+
+/// Merge-patches the Lease `name`'s spec, on the condition that it is
+/// still the version `read` (409 otherwise).
+pub(super) async fn write_if_unchanged(
+    api: &Api<Lease>,
+    name: &str,
+    read: &Lease,
+    spec: serde_json::Value,
+) -> Result<Lease, kube::Error> {
+    let patch = json!({
+        "metadata": {"resourceVersion": read.metadata.resource_version},
+        "spec": spec,
+    });
+    api.patch(name, &patch_params(), &Patch::Merge(&patch))
+        .await
+}
+
+/// Empties the Lease `name` if `identity` still holds it, so the next
+/// holder need not wait for it to expire; whether it did.
+pub(super) async fn release_if_held(
+    api: &Api<Lease>,
+    name: &str,
+    identity: &str,
+) -> Result<bool, kube::Error> {
+    let lease = api.get(name).await?;
+    let holder = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref());
+    if holder != Some(identity) {
+        return Ok(false);
+    }
+    let spec = json!({"holderIdentity": null, "renewTime": null, "acquireTime": null});
+    write_if_unchanged(api, name, &lease, spec)
+        .await
+        .map(|_| true)
 }
 
 /// Sleeps until `deadline`; forever when there is none.

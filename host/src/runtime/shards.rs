@@ -61,8 +61,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::leader::{
-    Attempt, ElectionError, Record, Timing, attempt, patch_params, post_params, sleep_until,
-    still_leading,
+    Attempt, ElectionError, Record, Timing, attempt, holder_spec, patch_params, post_params,
+    release_if_held, sleep_until, still_leading, write_if_unchanged,
 };
 use crate::api::labels;
 use crate::sharding::Shards;
@@ -471,29 +471,9 @@ impl Campaign {
             .as_ref()
             .and_then(|s| s.holder_identity.as_deref())
             == Some(me.as_str());
-        let mut spec = json!({
-            "holderIdentity": me,
-            "leaseDurationSeconds": duration,
-            "renewTime": stamp,
-        });
-        if !ours || self.letting_go.contains(&shard) {
-            spec["acquireTime"] = json!(stamp);
-            spec["leaseTransitions"] = json!(
-                read.spec
-                    .as_ref()
-                    .and_then(|s| s.lease_transitions)
-                    .unwrap_or(0)
-                    + 1
-            );
-        }
-        let patch = json!({
-            "metadata": {"resourceVersion": read.metadata.resource_version},
-            "spec": spec,
-        });
-        let written = self
-            .api
-            .patch(&name, &patch_params(), &Patch::Merge(&patch))
-            .await?;
+        let taking = !ours || self.letting_go.contains(&shard);
+        let spec = holder_spec(me, self.timing.lease_duration, read, taking);
+        let written = write_if_unchanged(&self.api, &name, read, spec).await?;
         self.letting_go.remove(&shard);
         self.note_written(&name, &written);
         Ok(())
@@ -566,26 +546,9 @@ impl Campaign {
         let released = async {
             for shard in held {
                 let name = shard_lease(shard);
-                let Ok(lease) = self.api.get(&name).await else {
-                    continue;
-                };
-                let holder = lease
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.holder_identity.as_deref());
-                if holder != Some(me.as_str()) {
-                    continue;
-                }
-                let patch = json!({
-                    "metadata": {"resourceVersion": lease.metadata.resource_version},
-                    "spec": {"holderIdentity": null, "renewTime": null, "acquireTime": null},
-                });
-                match self
-                    .api
-                    .patch(&name, &patch_params(), &Patch::Merge(&patch))
-                    .await
-                {
-                    Ok(_) => tracing::info!(shard, "shard released"),
+                match release_if_held(&self.api, &name, &me).await {
+                    Ok(true) => tracing::info!(shard, "shard released"),
+                    Ok(false) => {}
                     Err(error) => tracing::warn!(shard, "the shard was not released: {error}"),
                 }
             }

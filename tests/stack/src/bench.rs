@@ -236,13 +236,8 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
         .await?;
     let host = stack.host().context("the host runs")?;
     let usage = host.usage()?;
-    let calls_by_endpoint: Vec<(fake_actions::Endpoint, u64)> = stack
-        .host_actions_calls_by_endpoint()
-        .into_iter()
-        .zip(&calls_before)
-        .map(|((endpoint, after), (_, before))| (endpoint, after - before))
-        .filter(|(_, n)| *n > 0)
-        .collect();
+    let calls_by_endpoint: Vec<(fake_actions::Endpoint, u64)> =
+        stack.host_actions_calls_since(&calls_before);
     let calls = calls_by_endpoint.iter().map(|(_, n)| n).sum();
     let neighbours = stack.neighbour_cpu()?;
     let [apiserver, etcd, driver] = [0, 1, 2].map(|i| {

@@ -281,11 +281,9 @@ pub async fn run(options: &FleetOptions, progress: &dyn Fn(&str)) -> Result<Flee
     let window_end = jiff::Timestamp::now();
     let idle_cpu = host.usage()?.cpu.saturating_sub(cpu_before);
     let idle_actions_calls = stack
-        .host_actions_calls_by_endpoint()
+        .host_actions_calls_since(&calls_before)
         .into_iter()
-        .zip(&calls_before)
-        .map(|((endpoint, after), (_, before))| (format!("{endpoint:?}"), after - before))
-        .filter(|(_, n)| *n > 0)
+        .map(|(endpoint, n)| (format!("{endpoint:?}"), n))
         .collect();
     let idle_apiserver_requests = stack
         .host_apiserver_requests(window_start, window_end)

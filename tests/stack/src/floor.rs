@@ -216,13 +216,7 @@ pub async fn run(
             (pods.items.is_empty() && secrets.items.is_empty()).then_some(())
         })
         .await?;
-    let actions_calls: Vec<(Endpoint, u64)> = stack
-        .host_actions_calls_by_endpoint()
-        .into_iter()
-        .zip(&calls_before)
-        .map(|((endpoint, after), (_, before))| (endpoint, after - before))
-        .filter(|(_, n)| *n > 0)
-        .collect();
+    let actions_calls: Vec<(Endpoint, u64)> = stack.host_actions_calls_since(&calls_before);
     let window_end = jiff::Timestamp::now();
     // After the window: a listener that stops deletes its session.
     session

@@ -692,6 +692,18 @@ impl Stack {
             .collect()
     }
 
+    /// The host's Actions calls by endpoint since `before` (an earlier
+    /// [`Stack::host_actions_calls_by_endpoint`]), the endpoints not called
+    /// left out.
+    pub fn host_actions_calls_since(&self, before: &[(Endpoint, u64)]) -> Vec<(Endpoint, u64)> {
+        self.host_actions_calls_by_endpoint()
+            .into_iter()
+            .zip(before)
+            .map(|((endpoint, after), (_, before))| (endpoint, after - before))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
     /// The host's API server requests received in `[from, to]`, from the
     /// audit log; `None` without one.
     pub fn host_apiserver_requests(
