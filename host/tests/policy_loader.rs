@@ -384,6 +384,37 @@ async fn builtin_references_validate_their_settings() {
         policy.decider().current().limits().deadline,
         Duration::from_millis(100)
     );
+
+    // Every object asking for the same thing gets the same configured
+    // policy; other settings are another policy.
+    let same = loader
+        .load(PolicyKind::Scaling, "other", Some(&spec), reporter.clone())
+        .await
+        .unwrap();
+    assert!(Arc::ptr_eq(
+        &policy.decider().current(),
+        &same.decider().current()
+    ));
+    assert!(Arc::ptr_eq(
+        policy.decider().fallback(),
+        same.decider().fallback()
+    ));
+    let other = PolicyRef {
+        settings: Some(serde_json::json!({ "idle": 2 })),
+        ..spec.clone()
+    };
+    let different = loader
+        .load(PolicyKind::Scaling, "ci", Some(&other), reporter.clone())
+        .await
+        .unwrap();
+    assert!(!Arc::ptr_eq(
+        &policy.decider().current(),
+        &different.decider().current()
+    ));
+    // The default, buffered with a 100 ms deadline, and with idle 2.
+    assert_eq!(loader.configured_policies(), 3);
+    drop(different);
+    assert_eq!(loader.configured_policies(), 2);
 }
 
 #[tokio::test]
@@ -459,6 +490,13 @@ async fn references_to_one_configmap_share_one_watch() {
     }
     assert_eq!(loader.configmap_watches(), 1);
     expect_events(&reporter, 50, loaded(&digest(buffered))).await;
+    // Configured once and shared: the fallback and the ConfigMap's version.
+    assert_eq!(loader.configured_policies(), 2);
+    assert!(
+        policies
+            .iter()
+            .all(|p| Arc::ptr_eq(&p.decider().current(), &policies[0].decider().current()))
+    );
 
     // Another ConfigMap is another watch, gone with its last reference.
     let other = follow(&loader, &env, "other", &reporter).await;

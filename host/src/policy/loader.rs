@@ -20,6 +20,18 @@
 //! reference does with a version (its key, pin, settings and limits) stays
 //! its own.
 //!
+//! # One configured policy per configuration
+//!
+//! A thousand scale sets that name no policy, or the same one, would
+//! otherwise each pre-instantiate the module and run its
+//! `validate-settings` three times over (the fallback, the reference, each
+//! new version). A [`Policy`] is immutable and cheap to share, so the loader
+//! keeps the ones it configured by what configured them (module digest,
+//! label, settings, limits) and hands the same one to every reference that
+//! asks for the same thing. They are held weakly: the last decider to drop
+//! one frees it. Only successes are kept, so a version refused for a
+//! transient reason is really tried again.
+//!
 //! # Transient and permanent failures
 //!
 //! A version that fails for a reason in its bytes or in the reference (not
@@ -31,6 +43,7 @@
 //! it loads or another version replaces it: otherwise a good version would
 //! stay refused until someone happened to edit the ConfigMap.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -226,6 +239,7 @@ pub struct PolicyLoader {
     engine: PolicyEngine,
     client: Option<Client>,
     watches: Arc<Watches>,
+    configured: Arc<Configured>,
     backoff: RetryBackoff,
     defaults: Arc<DefaultPolicies>,
     metrics: Option<PolicyMetrics>,
@@ -238,6 +252,7 @@ impl PolicyLoader {
             engine,
             client,
             watches: Arc::default(),
+            configured: Arc::default(),
             backoff: RetryBackoff::default(),
             defaults: Arc::default(),
             metrics: None,
@@ -290,19 +305,23 @@ impl PolicyLoader {
         self.watches.live()
     }
 
+    /// How many configured policies are alive: one per distinct module,
+    /// label, settings and limits in use, however many objects use it.
+    pub fn configured_policies(&self) -> usize {
+        self.configured.live()
+    }
+
     /// The bundled default of `kind`, configured with no settings.
     pub async fn default_policy(&self, kind: PolicyKind) -> Result<Arc<Policy>, PolicyError> {
         let name = kind.default_builtin();
-        let module = Arc::new(self.engine.load_builtin(kind, name)?);
-        Ok(Arc::new(
-            Policy::configure(
-                module,
-                format!("builtin:{name}"),
-                None,
-                CallLimits::default(),
-            )
-            .await?,
-        ))
+        self.builtin(
+            kind,
+            name,
+            &PolicyRef::default(),
+            &format!("builtin:{name}"),
+            CallLimits::default(),
+        )
+        .await
     }
 
     /// Loads `spec` (or the default when `None`) for an object in
@@ -384,6 +403,7 @@ impl PolicyLoader {
                 let (watch, versions) = self.watches.subscribe(client, namespace, &cm.name);
                 let follower = Follower {
                     engine: self.engine.clone(),
+                    configured: Arc::clone(&self.configured),
                     kind,
                     namespace: namespace.to_string(),
                     reference: cm.clone(),
@@ -416,9 +436,16 @@ impl PolicyLoader {
     ) -> Result<Arc<Policy>, PolicyError> {
         let builtin = super::bundled::find(kind, name)?;
         check_pin(spec, builtin.wasm)?;
-        let module = Arc::new(self.engine.load(builtin.wasm, Some(kind))?);
-        let policy = Policy::configure(module, label, spec.settings.clone(), limits).await?;
-        Ok(Arc::new(policy))
+        self.configured
+            .get_or_configure(
+                &self.engine,
+                Cow::Borrowed(builtin.wasm),
+                kind,
+                label,
+                spec.settings.as_ref(),
+                limits,
+            )
+            .await
     }
 }
 
@@ -602,6 +629,7 @@ struct Retry {
 /// One reference following its ConfigMap's versions.
 struct Follower {
     engine: PolicyEngine,
+    configured: Arc<Configured>,
     kind: PolicyKind,
     namespace: String,
     reference: ConfigMapPolicyRef,
@@ -763,20 +791,100 @@ impl Follower {
     /// Compiles and configures a version beside the running one.
     async fn load(&self, wasm: Vec<u8>) -> Result<Arc<Policy>, PolicyError> {
         check_pin(&self.spec, &wasm)?;
-        let engine = self.engine.clone();
-        let kind = self.kind;
-        // Compiling is CPU-bound for tens to hundreds of milliseconds.
-        let module = tokio::task::spawn_blocking(move || engine.load(&wasm, Some(kind)))
+        self.configured
+            .get_or_configure(
+                &self.engine,
+                Cow::Owned(wasm),
+                self.kind,
+                &self.label,
+                self.spec.settings.as_ref(),
+                self.limits,
+            )
+            .await
+    }
+}
+
+/// What makes two configured policies interchangeable.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Configuration {
+    sha256: [u8; 32],
+    kind: PolicyKind,
+    label: String,
+    /// The settings as JSON text; two spellings of the same settings are
+    /// two entries, which costs a configuration, never a wrong answer.
+    settings: String,
+    deadline: Duration,
+    memory: usize,
+}
+
+/// The configured policies alive now, by [`Configuration`]; see the
+/// module's documentation.
+#[derive(Default)]
+struct Configured {
+    /// Each slot is locked while its policy is configured, so a thousand
+    /// scale sets reconciled at once configure it once and the others wait
+    /// for that one.
+    slots: Mutex<HashMap<Configuration, Arc<tokio::sync::Mutex<Weak<Policy>>>>>,
+}
+
+impl Configured {
+    /// The policy configured from `wasm`, `settings` and `limits` under
+    /// `label`: the live one if any, otherwise compiled (on the blocking
+    /// pool: tens to hundreds of milliseconds the first time), validated
+    /// and kept.
+    async fn get_or_configure(
+        &self,
+        engine: &PolicyEngine,
+        wasm: Cow<'static, [u8]>,
+        kind: PolicyKind,
+        label: &str,
+        settings: Option<&serde_json::Value>,
+        limits: CallLimits,
+    ) -> Result<Arc<Policy>, PolicyError> {
+        let settings = match settings {
+            None | Some(serde_json::Value::Null) => None,
+            Some(value) => Some(value.clone()),
+        };
+        let key = Configuration {
+            sha256: Sha256::digest(&wasm).into(),
+            kind,
+            label: label.to_string(),
+            settings: settings
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            deadline: limits.deadline,
+            memory: limits.memory,
+        };
+        let slot = {
+            let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            // Forget the slots nobody waits on whose policy is gone.
+            slots.retain(|_, slot| {
+                Arc::strong_count(slot) > 1
+                    || slot.try_lock().map_or(true, |held| held.strong_count() > 0)
+            });
+            Arc::clone(slots.entry(key).or_default())
+        };
+        let mut held = slot.lock().await;
+        if let Some(policy) = held.upgrade() {
+            return Ok(policy);
+        }
+        let compiler = engine.clone();
+        let module = tokio::task::spawn_blocking(move || compiler.load(&wasm, Some(kind)))
             .await
             .map_err(|e| PolicyError::Join(e.to_string()))??;
-        let policy = Policy::configure(
-            Arc::new(module),
-            self.label.clone(),
-            self.spec.settings.clone(),
-            self.limits,
-        )
-        .await?;
-        Ok(Arc::new(policy))
+        let policy = Arc::new(Policy::configure(Arc::new(module), label, settings, limits).await?);
+        *held = Arc::downgrade(&policy);
+        Ok(policy)
+    }
+
+    /// How many configured policies are alive.
+    fn live(&self) -> usize {
+        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots
+            .values()
+            .filter(|slot| slot.try_lock().map_or(true, |held| held.strong_count() > 0))
+            .count()
     }
 }
 
