@@ -1044,7 +1044,7 @@ impl<'a> Model<'a> {
             generation: 0,
             delivery_due: false,
             statistics: None,
-            sequence: PatchSequence::resume(0),
+            sequence: PatchSequence::resume(0, None),
             polled_early: false,
             replicas: None,
             decisions: 0,

@@ -29,6 +29,14 @@ use super::target::ScalePatch;
 /// no runner carries it yet. A restarted listener continues after the id
 /// the target holds; when that is 0 it starts again from 1, as ARC's
 /// listener does on every start.
+///
+/// Unlike ARC's, a restarted listener that finds the target already steady
+/// (id 0) takes that for its last applied decision, so a first decision
+/// that says the same thing is not sent. Otherwise every start of the host
+/// wrote each scale set's EphemeralRunnerSet twice (the numbered decision,
+/// then the 0), and each write woke both controllers: at a thousand idle
+/// scale sets that was some fourteen thousand API server requests for a
+/// restart that changed nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PatchSequence {
     last_id: i64,
@@ -38,11 +46,19 @@ pub struct PatchSequence {
 }
 
 impl PatchSequence {
-    /// Continues after `observed_patch_id`, the id the target holds.
-    pub fn resume(observed_patch_id: i64) -> Self {
+    /// Continues after `observed_patch_id`, the id the target holds, with
+    /// `observed_replicas` the count it holds.
+    pub fn resume(observed_patch_id: i64, observed_replicas: Option<u32>) -> Self {
+        let steady = (observed_patch_id == 0)
+            .then_some(observed_replicas)
+            .flatten()
+            .map(|replicas| ScalePatch {
+                replicas,
+                patch_id: 0,
+            });
         Self {
             last_id: observed_patch_id.max(0),
-            applied: None,
+            applied: steady,
             job_events: false,
         }
     }
@@ -99,14 +115,17 @@ mod tests {
     /// One step: job events before it, the decision, whether applying
     /// succeeds, and the patch expected (replicas, id).
     type Step = (bool, u32, bool, Option<(u32, i64)>);
+    /// The patch id and replica count the target holds when the listener
+    /// starts.
+    type Held = (i64, Option<u32>);
 
     #[test]
     fn decisions_are_numbered_and_sent_only_when_they_say_something() {
-        // (name, id the target holds, minRunners, steps)
-        let cases: Vec<(&str, i64, u32, Vec<Step>)> = vec![
+        // (name, id and count the target holds, minRunners, steps)
+        let cases: Vec<(&str, Held, u32, Vec<Step>)> = vec![
             (
                 "a fresh scale set starts at 1, grows, and sends 0 once settled at min",
-                0,
+                (0, None),
                 0,
                 vec![
                     (false, 0, true, Some((0, 1))),
@@ -120,7 +139,7 @@ mod tests {
             ),
             (
                 "a burst drained back to min ends with 0, and the next decision gets a fresh id",
-                7,
+                (7, None),
                 1,
                 vec![
                     (false, 1, true, Some((1, 8))),
@@ -137,7 +156,7 @@ mod tests {
             ),
             (
                 "job events at min resend a numbered decision, then 0 again",
-                4,
+                (4, None),
                 2,
                 vec![
                     (false, 2, true, Some((2, 5))),
@@ -149,7 +168,7 @@ mod tests {
             ),
             (
                 "a steady count above min is never 0",
-                0,
+                (0, None),
                 1,
                 vec![
                     (false, 3, true, Some((3, 1))),
@@ -159,7 +178,7 @@ mod tests {
             ),
             (
                 "a failed 0 is sent again, still 0",
-                0,
+                (0, None),
                 1,
                 vec![
                     (false, 1, true, Some((1, 1))),
@@ -170,13 +189,13 @@ mod tests {
             ),
             (
                 "a restarted listener continues after the target's id",
-                41,
+                (41, None),
                 0,
                 vec![(false, 2, true, Some((2, 42))), (false, 2, true, None)],
             ),
             (
                 "a restarted listener's first decision at min is numbered, then 0",
-                41,
+                (41, None),
                 1,
                 vec![
                     (false, 1, true, Some((1, 42))),
@@ -184,14 +203,44 @@ mod tests {
                 ],
             ),
             (
+                "a restarted listener finding the target steady sends nothing new",
+                (0, Some(1)),
+                1,
+                vec![
+                    (false, 1, true, None),
+                    (false, 1, true, None),
+                    (false, 3, true, Some((3, 1))),
+                    (false, 1, true, Some((1, 2))),
+                    (false, 1, true, Some((1, 0))),
+                ],
+            ),
+            (
+                "a restarted listener finding the target steady at another count decides afresh",
+                (0, Some(2)),
+                1,
+                vec![
+                    (false, 1, true, Some((1, 1))),
+                    (false, 1, true, Some((1, 0))),
+                ],
+            ),
+            (
+                "a restarted listener finding the target steady still sends job events",
+                (0, Some(0)),
+                0,
+                vec![
+                    (true, 0, true, Some((0, 1))),
+                    (false, 0, true, Some((0, 0))),
+                ],
+            ),
+            (
                 "a negative id on the target counts as none",
-                -5,
+                (-5, None),
                 0,
                 vec![(false, 2, true, Some((2, 1)))],
             ),
             (
                 "job events resend the same answer once",
-                0,
+                (0, None),
                 0,
                 vec![
                     (false, 2, true, Some((2, 1))),
@@ -201,7 +250,7 @@ mod tests {
             ),
             (
                 "a failed apply is sent again with a new id",
-                0,
+                (0, None),
                 0,
                 vec![
                     (false, 4, false, Some((4, 1))),
@@ -211,7 +260,7 @@ mod tests {
             ),
             (
                 "job events survive a failed apply",
-                0,
+                (0, None),
                 0,
                 vec![
                     (false, 1, true, Some((1, 1))),
@@ -222,7 +271,7 @@ mod tests {
             ),
             (
                 "ids saturate instead of wrapping",
-                i64::MAX - 1,
+                (i64::MAX - 1, None),
                 0,
                 vec![
                     (false, 1, true, Some((1, i64::MAX))),
@@ -231,7 +280,7 @@ mod tests {
             ),
         ];
         for (name, resume, min_runners, steps) in cases {
-            let mut sequence = PatchSequence::resume(resume);
+            let mut sequence = PatchSequence::resume(resume.0, resume.1);
             for (i, (events, desired, applies, expected)) in steps.into_iter().enumerate() {
                 if events {
                     sequence.note_job_events();

@@ -404,7 +404,7 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
         };
         let sequence = memory
             .sequence
-            .get_or_insert_with(|| PatchSequence::resume(observed.patch_id));
+            .get_or_insert_with(|| PatchSequence::resume(observed.patch_id, observed.replicas));
         let input = scaling_input(
             &self.spec.scale_set,
             memory.statistics.as_ref(),
