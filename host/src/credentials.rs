@@ -9,9 +9,10 @@
 //! connection pool and the Actions admin token, and a client per runner
 //! would mean a bootstrap (three GitHub calls) per runner.
 //!
-//! [`ActionsClients`] reads the Secret on every request and keeps one client
-//! per target and Secret version, so a rotated Secret gives a new client at
-//! the next request and nothing has to be restarted. [`ActionsRemover`] is
+//! [`ActionsClients`] reads the Secret when asked for a client (at most once
+//! per [`CREDENTIALS_FRESHNESS`] per target) and keeps one client per target
+//! and Secret version, so a rotated Secret gives a new client within that
+//! time and nothing has to be restarted. [`ActionsRemover`] is
 //! the unregistration pool's production [`Remover`] on top of it.
 //!
 //! Errors name the Secret (or ConfigMap) and the key, never a value: they
@@ -19,6 +20,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -259,24 +263,49 @@ async fn read_secret(
     }
 }
 
+/// How long a read of a target's Secret (and proxy Secrets and CA
+/// ConfigMap) stands for them: asked again within it, [`ActionsClients`]
+/// answers with the client of that read.
+///
+/// Every runner's registration, every scale set's reconcile and every
+/// listener start asks for a client, and a read from the API server each
+/// time was one request per job and five per scale set at every start of
+/// the host, most of them for a Secret a whole fleet shares. A second is
+/// far below anything a person rotating a credential waits for, and under
+/// a burst it makes the reads one a second per credential, not one per
+/// runner.
+pub const CREDENTIALS_FRESHNESS: Duration = Duration::from_secs(1);
+
 /// One Actions client per credential, shared by the reconcilers, the
 /// unregistration pool and the listeners.
 ///
 /// Clients are keyed by the whole target (one client serves one
 /// configuration URL) and remembered with the `resourceVersion` of the
 /// Secret (and of the proxy Secret and CA ConfigMap, when the target has
-/// them): the objects are read on every [`ActionsClients::get`], which costs
-/// a read from the API server but means a rotated credential is used from
-/// the next call on, with no watch to keep and no restart. Building a client
-/// makes no network call, so it happens under the cache's lock and two
-/// concurrent first calls for a target get the same client.
+/// them): the objects are read again once the last read is older than
+/// [`CREDENTIALS_FRESHNESS`], so a rotated credential is used within a
+/// second, with no watch to keep and no restart. One caller reads for a
+/// target at a time, and callers that waited for it take its answer: a
+/// thousand scale sets starting at once read their shared Secret once.
+/// Building a client makes no network call, and a failed read is not kept
+/// (the next caller reads again).
 ///
 /// Clones share the cache.
 #[derive(Clone)]
 pub struct ActionsClients {
     kube: kube::Client,
     options: ClientOptions,
-    cache: Arc<Mutex<HashMap<GitHubTarget, (Versions, ActionsClient)>>>,
+    cache: Arc<Mutex<HashMap<GitHubTarget, Slot>>>,
+}
+
+/// A target's place in the cache: locked while it is read.
+type Slot = Arc<tokio::sync::Mutex<Option<Cached>>>;
+
+/// A target's client, what it was built from, and when that was last read.
+struct Cached {
+    versions: Versions,
+    client: ActionsClient,
+    read_at: Instant,
 }
 
 impl std::fmt::Debug for ActionsClients {
@@ -303,6 +332,20 @@ impl ActionsClients {
     /// The client for `target`: the cached one while the Secret (and proxy
     /// Secret and CA ConfigMap) are unchanged, a new one otherwise.
     pub async fn get(&self, target: &GitHubTarget) -> Result<ActionsClient, CredentialsError> {
+        let slot = Arc::clone(
+            self.cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(target.clone())
+                .or_default(),
+        );
+        let mut cached = slot.lock().await;
+        if let Some(cached) = cached.as_ref()
+            && cached.read_at.elapsed() < CREDENTIALS_FRESHNESS
+        {
+            return Ok(cached.client.clone());
+        }
+        let read_at = Instant::now();
         let secrets: Api<Secret> = Api::namespaced(self.kube.clone(), &target.namespace);
         let secret = read_secret(&secrets, &target.namespace, &target.secret_name).await?;
         let proxy_secrets = match &target.proxy {
@@ -319,12 +362,11 @@ impl ActionsClients {
                 .map(|s| s.as_ref().and_then(|s| s.metadata.resource_version.clone())),
             ca_config_map: ca.as_ref().and_then(|(version, _)| version.clone()),
         };
-
-        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((cached, client)) = cache.get(target)
-            && *cached == versions
+        if let Some(cached) = cached.as_mut()
+            && cached.versions == versions
         {
-            return Ok(client.clone());
+            cached.read_at = read_at;
+            return Ok(cached.client.clone());
         }
         let client = build_client(
             target,
@@ -333,7 +375,11 @@ impl ActionsClients {
             ca.map(|(_, pem)| pem),
             &self.options,
         )?;
-        cache.insert(target.clone(), (versions, client.clone()));
+        *cached = Some(Cached {
+            versions,
+            client: client.clone(),
+            read_at,
+        });
         Ok(client)
     }
 
@@ -346,12 +392,15 @@ impl ActionsClients {
             .remove(target);
     }
 
-    /// How many clients are cached.
+    /// How many clients are cached (a target being read for the first time
+    /// counts once its read is done).
     pub fn cached(&self) -> usize {
         self.cache
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .len()
+            .values()
+            .filter(|slot| slot.try_lock().map_or(true, |cached| cached.is_some()))
+            .count()
     }
 
     /// The PEM bundle at `key` of the ConfigMap, with the ConfigMap's

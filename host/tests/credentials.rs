@@ -162,8 +162,10 @@ async fn a_rotated_secret_gives_a_new_client() {
     works(&clients.get(&target).await.unwrap()).await;
     assert_eq!(calls(&fake, Endpoint::AppInstallationToken), 0);
 
-    // Rotated from the PAT to the App: the next client must use the App.
+    // Rotated from the PAT to the App: the next client once the last read
+    // is no longer fresh must use the App.
     replace(&env, &app_secret(&fake)).await;
+    tokio::time::sleep(arcwright::credentials::CREDENTIALS_FRESHNESS).await;
     works(&clients.get(&target).await.unwrap()).await;
     assert_eq!(calls(&fake, Endpoint::AppInstallationToken), 1);
     assert_eq!(calls(&fake, Endpoint::RunnerRegistration), 2);
