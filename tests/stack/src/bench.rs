@@ -423,7 +423,7 @@ pub async fn enqueue(
 }
 
 /// `name value` pairs, largest first, to two decimals.
-fn breakdown(items: impl Iterator<Item = (String, f64)>) -> String {
+pub(crate) fn breakdown(items: impl Iterator<Item = (String, f64)>) -> String {
     let mut items: Vec<(String, f64)> = items.collect();
     items.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     items

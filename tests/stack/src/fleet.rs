@@ -23,8 +23,13 @@
 //!    API server requests, per minute, and the resident set's highest
 //!    sample;
 //! 5. `--jobs` jobs spread round-robin over all sets, at once: jobs per
-//!    second from enqueue to the last success, and the wait from enqueued
-//!    to started.
+//!    second from enqueue to the last success, the wait from enqueued to
+//!    started, and the host's Actions calls, API server requests and
+//!    writes per job;
+//! 6. with `--floor`, the same jobs through the scale benchmark's floor
+//!    ([`crate::floor`]) with the host stopped, on one scale set with as
+//!    many runners as the whole fleet (K × `maxRunners`): `floor_ratio` is
+//!    the fleet's jobs per second over the floor's.
 //!
 //! `rss_per_set_kib` is the idle resident set over the baseline, per set.
 //! With `--min-runners` above 0 the fleet also stands that many idle
@@ -79,6 +84,9 @@ pub struct FleetOptions {
     /// How long each phase may take, in seconds.
     #[arg(long, default_value_t = 1800)]
     pub bound_secs: u64,
+    /// After the jobs, run the same jobs through the floor.
+    #[arg(long)]
+    pub floor: bool,
     /// Extra `arcwright run` flags, after `--`.
     #[arg(last = true)]
     pub host_args: Vec<String>,
@@ -116,6 +124,12 @@ pub struct FleetReport {
     pub p95_wait: Duration,
     /// The restarted host's lifetime peak, in bytes.
     pub peak_rss_bytes: u64,
+    /// The host's Actions calls while the jobs ran.
+    pub jobs_actions_calls: u64,
+    /// Its API server requests while the jobs ran, from the audit log.
+    pub jobs_apiserver: crate::audit::Requests,
+    /// The floor's jobs per second on the same jobs, when it ran.
+    pub floor_jobs_per_s: Option<f64>,
 }
 
 impl FleetReport {
@@ -181,6 +195,24 @@ impl std::fmt::Display for FleetReport {
             self.idle_polls_per_set_min(),
             self.idle_other_actions_calls(),
         )?;
+        if self.jobs > 0 {
+            let per_job = |n: u64| n as f64 / self.jobs as f64;
+            write!(
+                f,
+                " actions_calls_per_job={:.2} apiserver_requests_per_job={:.2} \
+                 apiserver_writes_per_job={:.2}",
+                per_job(self.jobs_actions_calls),
+                per_job(self.jobs_apiserver.total),
+                per_job(self.jobs_apiserver.writes),
+            )?;
+        }
+        if let Some(floor) = self.floor_jobs_per_s {
+            write!(
+                f,
+                " floor_jobs_per_s={floor:.2} floor_ratio={:.2}",
+                crate::stats::ratio(per_second(self.jobs, self.jobs_wall), floor)
+            )?;
+        }
         if self.standing_runners > 0 {
             write!(
                 f,
@@ -206,6 +238,7 @@ pub async fn run(options: &FleetOptions, progress: &dyn Fn(&str)) -> Result<Flee
         job_ms,
         long_poll_s,
         bound_secs,
+        floor,
         host_args,
     } = options.clone();
     if scale_sets == 0 || max_runners == 0 || min_runners > max_runners {
@@ -311,6 +344,8 @@ pub async fn run(options: &FleetOptions, progress: &dyn Fn(&str)) -> Result<Flee
         progress(&format!("{jobs} jobs over {scale_sets} sets"));
         let recorder = Recorder::start(stack.fake().control(), stack.client(), stack.namespace());
         let before = stack.fake().control().ledger().jobs_succeeded;
+        let calls_before = stack.host_actions_calls_by_endpoint();
+        let window_start = jiff::Timestamp::now();
         let enqueued = Instant::now();
         for (set, count) in spread(jobs, &names) {
             let ids = stack.enqueue(set, count, Duration::from_millis(job_ms));
@@ -319,16 +354,55 @@ pub async fn run(options: &FleetOptions, progress: &dyn Fn(&str)) -> Result<Flee
         stack.jobs_succeeded(before + u64::from(jobs)).await?;
         report.jobs = u64::from(jobs);
         report.jobs_wall = enqueued.elapsed();
+        report.jobs_actions_calls = stack
+            .host_actions_calls_since(&calls_before)
+            .into_iter()
+            .map(|(_, n)| n)
+            .sum();
+        report.jobs_apiserver = stack
+            .host_apiserver_requests(window_start, jiff::Timestamp::now())
+            .context("the stack's audit log")?;
         let timeline = recorder.timeline();
         let waits = intervals(&timeline.enqueued, &timeline.started);
         report.p50_wait = percentile(&waits, 50).unwrap_or_default();
         report.p95_wait = percentile(&waits, 95).unwrap_or_default();
+        let per_job = |n: u64| n as f64 / f64::from(jobs);
+        progress(&format!(
+            "jobs: API server requests per job by kind: {}",
+            crate::bench::breakdown(
+                report
+                    .jobs_apiserver
+                    .by_kind
+                    .iter()
+                    .map(|(k, n)| (k.clone(), per_job(*n)))
+            )
+        ));
     }
     report.peak_rss_bytes = stack
         .host()
         .context("the host runs")?
         .usage()?
         .peak_rss_bytes;
+    if floor && jobs > 0 {
+        let runners = scale_sets.saturating_mul(max_runners);
+        progress(&format!(
+            "stopping arcwright; the floor runs the {jobs} jobs on {runners} runners"
+        ));
+        stack.stop_host(Duration::from_secs(60)).await;
+        let durations = vec![job_ms; jobs as usize];
+        let floor = crate::floor::run(
+            &stack,
+            runners,
+            &durations,
+            crate::bench::Arrival::Burst,
+            Duration::from_secs(bound_secs),
+            progress,
+        )
+        .await
+        .context("the floor")?;
+        report.floor_jobs_per_s = Some(per_second(floor.jobs, floor.wall));
+        return Ok(report);
+    }
     Ok(report)
 }
 
@@ -470,5 +544,25 @@ mod tests {
             assert!(line.contains(figure), "{figure} in {line}");
         }
         assert!(!line.contains("standing_runners"), "{line}");
+
+        let busy = FleetReport {
+            jobs_actions_calls: 60,
+            jobs_apiserver: crate::audit::Requests {
+                total: 500,
+                writes: 250,
+                ..crate::audit::Requests::default()
+            },
+            floor_jobs_per_s: Some(10.0),
+            ..report
+        };
+        let line = busy.to_string();
+        for figure in [
+            "actions_calls_per_job=1.20 ",
+            "apiserver_requests_per_job=10.00 ",
+            "apiserver_writes_per_job=5.00",
+            "floor_jobs_per_s=10.00 floor_ratio=0.50",
+        ] {
+            assert!(line.contains(figure), "{figure} in {line}");
+        }
     }
 }
