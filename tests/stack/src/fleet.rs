@@ -17,7 +17,10 @@
 //! 3. the host restarted (a clean stop, which deletes its sessions, and a
 //!    new process): `ready_s` is from the new process's start to every set
 //!    listening again, what a platform team waits for after an upgrade or
-//!    a failover;
+//!    a failover; `settled_s` until the host has gone [`QUIET`] without an
+//!    API server request but its watches, and `restart_requests_per_set`
+//!    what it asked of the API server meanwhile (the fleet also settles
+//!    before the restart, so nothing of its creation is counted);
 //! 4. the idle window (`--idle-s`): the host's CPU, the Actions calls it
 //!    makes (only long polls are expected, one per set per 50 s) and its
 //!    API server requests, per minute, and the resident set's highest
@@ -51,6 +54,10 @@ use crate::{ScaleSet, Stack, StackConfig};
 /// How long the fleet may go without one more set listening, or one more
 /// runner pod running, before it is taken as standing as far as it will.
 const STALL: Duration = Duration::from_secs(120);
+
+/// How long the host must go without an API server request (its watches
+/// aside) to be taken as settled.
+const QUIET: Duration = Duration::from_secs(5);
 
 /// Scale sets created at once: enough to keep the API server busy,
 /// few enough not to be turned away by its priority and fairness.
@@ -101,6 +108,11 @@ pub struct FleetReport {
     pub standing_runners: u64,
     /// From the restarted host's start until every set listened.
     pub ready: Duration,
+    /// From the restarted host's start until its last request before
+    /// going [`QUIET`].
+    pub settled: Duration,
+    /// The restarted host's API server requests until it settled.
+    pub restart_requests: u64,
     /// The host's resident set once ready with no scale set, in bytes.
     pub baseline_rss_bytes: u64,
     /// The highest resident set sampled in the idle window, in bytes.
@@ -175,13 +187,16 @@ impl std::fmt::Display for FleetReport {
         let requests: u64 = self.idle_apiserver_requests.values().sum();
         write!(
             f,
-            "scale_sets={} ready_s={:.1} idle_rss_mib={:.1} idle_cpu_pct={:.2} \
+            "scale_sets={} ready_s={:.1} settled_s={:.1} restart_requests_per_set={:.1} \
+             idle_rss_mib={:.1} idle_cpu_pct={:.2} \
              idle_actions_calls_per_set_min={:.2} idle_apiserver_requests_min={:.1} \
              jobs_per_s={:.2} p50_wait_ms={} p95_wait_ms={} peak_rss_mib={:.1} \
              rss_per_set_kib={:.1} baseline_rss_mib={:.1} idle_polls_per_set_min={:.2} \
              idle_other_actions_calls={}",
             self.scale_sets,
             self.ready.as_secs_f64(),
+            self.settled.as_secs_f64(),
+            self.restart_requests as f64 / sets,
             mib(self.idle_rss_bytes),
             self.idle_cpu_pct,
             self.per_minute(all_calls) / sets,
@@ -285,19 +300,30 @@ pub async fn run(options: &FleetOptions, progress: &dyn Fn(&str)) -> Result<Flee
     if standing > 0 {
         all_running(&stack, standing as usize, progress).await?;
     }
+    settle(&stack, created, progress).await?;
     progress(&format!(
-        "the fleet stands after {:.1} s; restarting the host",
+        "the fleet stands and the host is quiet after {:.1} s; restarting the host",
         created.elapsed().as_secs_f64()
     ));
 
     stack.stop_host(Duration::from_secs(60)).await;
     let restarted = Instant::now();
+    let restart_start = jiff::Timestamp::now();
     stack.start_host().await?;
     all_listening(&stack, scale_sets as usize, progress).await?;
     let ready = restarted.elapsed();
     progress(&format!(
-        "every set listens {:.1} s after the host's start; idle for {idle_s} s",
+        "every set listens {:.1} s after the host's start; waiting for it to settle",
         ready.as_secs_f64()
+    ));
+    let settled = settle(&stack, restarted, progress).await?;
+    let restart = stack
+        .host_apiserver_requests(restart_start, jiff::Timestamp::now())
+        .context("the stack's audit log")?;
+    progress(&format!(
+        "settled {:.1} s after the host's start; its requests meanwhile: {:?}; idle for {idle_s} s",
+        settled.as_secs_f64(),
+        restart.by_kind
     ));
 
     let host = stack.host().context("the host runs")?;
@@ -327,6 +353,8 @@ pub async fn run(options: &FleetOptions, progress: &dyn Fn(&str)) -> Result<Flee
         scale_sets,
         standing_runners: standing,
         ready,
+        settled,
+        restart_requests: restart.total - watches(&restart),
         baseline_rss_bytes,
         idle_rss_bytes,
         idle_cpu_pct: idle_cpu.as_secs_f64() / idle.as_secs_f64() * 100.0,
@@ -404,6 +432,47 @@ pub async fn run(options: &FleetOptions, progress: &dyn Fn(&str)) -> Result<Flee
         return Ok(report);
     }
     Ok(report)
+}
+
+/// The long-running watch requests among `requests`, which say nothing of
+/// what the host is doing.
+fn watches(requests: &crate::audit::Requests) -> u64 {
+    requests
+        .by_kind
+        .iter()
+        .filter(|(kind, _)| kind.starts_with("watch "))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Waits until the host has gone [`QUIET`] without an API server request
+/// but its watches (read from the audit log), and answers how long after
+/// `since` its last request came.
+async fn settle(stack: &Stack, since: Instant, progress: &dyn Fn(&str)) -> Result<Duration> {
+    let mut said = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = jiff::Timestamp::now();
+        let recent = stack
+            .host_apiserver_requests(now - QUIET, now)
+            .context("the stack's audit log")?;
+        let busy = recent.total - watches(&recent);
+        if busy == 0 && since.elapsed() >= QUIET {
+            return Ok(since.elapsed().saturating_sub(QUIET));
+        }
+        if since.elapsed() > STALL * 10 {
+            bail!(
+                "the host never went {QUIET:?} without a request: {:?}",
+                recent.by_kind
+            );
+        }
+        if said.elapsed() > Duration::from_secs(15) {
+            said = Instant::now();
+            progress(&format!(
+                "still busy: {busy} requests in the last {QUIET:?}"
+            ));
+        }
+    }
 }
 
 /// `jobs` spread round-robin over `sets`: each set's share, the first ones
@@ -509,6 +578,8 @@ mod tests {
         let report = FleetReport {
             scale_sets: 100,
             ready: Duration::from_millis(12_340),
+            settled: Duration::from_secs(20),
+            restart_requests: 300,
             baseline_rss_bytes: 20 << 20,
             idle_rss_bytes: 30 << 20,
             idle_cpu_pct: 0.5,
@@ -529,6 +600,8 @@ mod tests {
         for figure in [
             "scale_sets=100 ",
             "ready_s=12.3 ",
+            "settled_s=20.0 ",
+            "restart_requests_per_set=3.0 ",
             "idle_rss_mib=30.0 ",
             "idle_cpu_pct=0.50 ",
             "idle_actions_calls_per_set_min=1.21 ",
