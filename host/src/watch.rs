@@ -56,6 +56,15 @@ pub fn config() -> watcher::Config {
     watcher::Config::default().timeout(WATCH_SECONDS)
 }
 
+/// Drops what no reconcile reads and every cache would otherwise keep: the
+/// `managedFields` the API server records per field manager. On the
+/// scale sets and runner sets, written by three managers with server-side
+/// apply, they are a good part of each object, and a thousand scale sets
+/// keep three caches of them (the two controllers' and the listeners').
+pub fn without_managed_fields<K: kube::Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
+}
+
 /// The first wait after an error.
 pub const FIRST: Duration = Duration::from_millis(250);
 /// The longest wait between two tries.

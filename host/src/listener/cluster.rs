@@ -85,6 +85,7 @@ impl ClusterView {
                         crate::watch::config(),
                     )
                     .backoff(crate::watch::WatchBackoff::default())
+                    .modify(crate::watch::without_managed_fields)
                     .reflect(sets_writer),
                     shutdown,
                 );
@@ -94,6 +95,7 @@ impl ClusterView {
                         crate::watch::config().labels(SET),
                     )
                     .backoff(crate::watch::WatchBackoff::default())
+                    .modify(crate::watch::without_managed_fields)
                     .reflect(runners_writer),
                     shutdown,
                 );

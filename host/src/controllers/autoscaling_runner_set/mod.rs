@@ -312,6 +312,7 @@ pub async fn run<L: ListenerControl, S: ActionsClientSource>(
     let (events, listed) = synced.on_listed(
         watcher::watcher(sets, crate::watch::config())
             .backoff(crate::watch::WatchBackoff::default())
+            .modify(crate::watch::without_managed_fields)
             .reflect(writer),
     );
     let controller = Controller::for_stream(events.applied_objects(), reader)

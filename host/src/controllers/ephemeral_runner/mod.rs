@@ -391,6 +391,7 @@ pub async fn run(
     let (events, listed) = synced.on_listed(
         watcher::watcher(runners, crate::watch::config())
             .backoff(crate::watch::WatchBackoff::default())
+            .modify(crate::watch::without_managed_fields)
             .reflect(writer),
     );
     // A runner pod's status moves with every probe and pull; the runner is

@@ -347,6 +347,7 @@ pub async fn run(
     let (events, listed) = synced.on_listed(
         watcher(sets, crate::watch::config())
             .backoff(crate::watch::WatchBackoff::default())
+            .modify(crate::watch::without_managed_fields)
             .reflect(writer)
             // A set deleted without a pass of ours releasing it (it never
             // got the finalizer) still takes its series with it.
