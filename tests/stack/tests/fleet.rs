@@ -1,7 +1,8 @@
 //! The fleet benchmark's quick form, so that it cannot rot: a few scale
 //! sets through every phase the full run goes through (created, listening,
 //! the host restarted and every set listening again, idle, a burst spread
-//! over all of them), and a report line with every figure.
+//! over all of them, the same jobs through the floor), and a report line
+//! with every figure.
 
 use arcwright_stack::fleet::{self, FleetOptions};
 
@@ -16,6 +17,7 @@ async fn a_small_fleet_listens_again_after_a_restart_and_runs_its_jobs() {
         job_ms: 300,
         long_poll_s: 50,
         bound_secs: 300,
+        floor: true,
         host_args: Vec::new(),
     };
     let report = fleet::run(&options, &|line| eprintln!("fleet: {line}"))
@@ -35,10 +37,18 @@ async fn a_small_fleet_listens_again_after_a_restart_and_runs_its_jobs() {
         "the lifetime peak covers the idle samples: {report}"
     );
     assert!(report.p95_wait >= report.p50_wait, "{report}");
+    assert!(
+        report.jobs_actions_calls >= 10,
+        "a JIT config per job at least: {report}"
+    );
+    assert!(report.jobs_apiserver.writes > 0, "{report}");
+    assert!(report.floor_jobs_per_s.is_some_and(|f| f > 0.0), "{report}");
     let line = report.to_string();
     for field in [
         "scale_sets=",
         "ready_s=",
+        "settled_s=",
+        "restart_requests_per_set=",
         "idle_rss_mib=",
         "idle_cpu_pct=",
         "idle_actions_calls_per_set_min=",
@@ -48,6 +58,9 @@ async fn a_small_fleet_listens_again_after_a_restart_and_runs_its_jobs() {
         "p95_wait_ms=",
         "peak_rss_mib=",
         "rss_per_set_kib=",
+        "actions_calls_per_job=",
+        "apiserver_writes_per_job=",
+        "floor_ratio=",
     ] {
         assert!(line.contains(field), "{field} in {line}");
     }
