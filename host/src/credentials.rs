@@ -18,8 +18,8 @@
 //! Errors name the Secret (or ConfigMap) and the key, never a value: they
 //! end up in events and on the status of user-visible objects.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -32,6 +32,7 @@ use crate::actions::{
     self, ActionsClient, ActionsError, AppCredentials, ClientOptions, ConfigUrl, Credentials,
     ProxyAuth, ProxyConfig,
 };
+use crate::tenant_cache::{Limits, TenantCache};
 use crate::unregistration::{Removal, Remover};
 
 /// The Secret key of a personal access token (ARC's).
@@ -194,11 +195,19 @@ pub trait ActionsClientSource: Send + Sync + 'static {
         &self,
         target: &GitHubTarget,
     ) -> impl std::future::Future<Output = Result<ActionsClient, CredentialsError>> + Send;
+
+    /// Forgets what is kept for `target`, which the caller no longer
+    /// refers to (its scale set is gone, or names another target now).
+    fn forget(&self, target: &GitHubTarget);
 }
 
 impl ActionsClientSource for ActionsClients {
     async fn client(&self, target: &GitHubTarget) -> Result<ActionsClient, CredentialsError> {
         self.get(target).await
+    }
+
+    fn forget(&self, target: &GitHubTarget) {
+        ActionsClients::forget(self, target);
     }
 }
 
@@ -290,13 +299,29 @@ pub const CREDENTIALS_FRESHNESS: Duration = Duration::from_secs(1);
 /// Building a client makes no network call, and a failed read is not kept
 /// (the next caller reads again).
 ///
+/// Targets are what tenants write, so the cache is bounded by
+/// [`CLIENT_LIMITS`] ([`crate::tenant_cache`]): a client nobody asked for
+/// in a while goes with its connection pool, a namespace keeps at most so
+/// many, and a scale set's deletion forgets its target. What is forgotten
+/// is built again on the next use, from one read of its Secret.
+///
 /// Clones share the cache.
 #[derive(Clone)]
 pub struct ActionsClients {
     kube: kube::Client,
     options: ClientOptions,
-    cache: Arc<Mutex<HashMap<GitHubTarget, Slot>>>,
+    cache: Arc<Mutex<TenantCache<GitHubTarget, Slot>>>,
 }
+
+/// How many clients [`ActionsClients`] keeps: a thousand targets a
+/// namespace (a scale set per repository, each with its own URL, fits),
+/// each kept while used within a quarter of an hour. A listener holds a
+/// clone of its client for as long as it runs, so an idle scale set's
+/// long poll is not cut when its entry goes.
+pub const CLIENT_LIMITS: Limits = Limits {
+    per_namespace: 1024,
+    idle: Duration::from_secs(15 * 60),
+};
 
 /// A target's place in the cache: locked while it is read.
 type Slot = Arc<tokio::sync::Mutex<Option<Cached>>>;
@@ -322,23 +347,48 @@ impl ActionsClients {
     /// clients with `options` (the proxy and CA of each target replace the
     /// options' own).
     pub fn new(kube: kube::Client, options: ClientOptions) -> Self {
+        Self::with_limits(kube, options, CLIENT_LIMITS)
+    }
+
+    /// The same, keeping at most what `limits` allows.
+    pub fn with_limits(kube: kube::Client, options: ClientOptions, limits: Limits) -> Self {
         Self {
             kube,
             options,
-            cache: Arc::new(Mutex::new(HashMap::new())),
+            cache: Arc::new(Mutex::new(TenantCache::new(limits, Instant::now()))),
         }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, TenantCache<GitHubTarget, Slot>> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The slot of `target`: its cached one, or a new one, kept unless the
+    /// target's namespace is full (then this caller reads for itself).
+    fn slot(&self, target: &GitHubTarget) -> Slot {
+        let mut cache = self.lock();
+        let now = Instant::now();
+        if let Some(slot) = cache.get(target, now) {
+            return slot;
+        }
+        let slot = Slot::default();
+        if !cache.insert(target.clone(), &target.namespace, slot.clone(), now)
+            && cache.refused().is_power_of_two()
+        {
+            tracing::warn!(
+                namespace = %target.namespace,
+                refused = cache.refused(),
+                "a namespace refers to more Actions targets than the host keeps clients for; \
+                 the others' clients are built for each use"
+            );
+        }
+        slot
     }
 
     /// The client for `target`: the cached one while the Secret (and proxy
     /// Secret and CA ConfigMap) are unchanged, a new one otherwise.
     pub async fn get(&self, target: &GitHubTarget) -> Result<ActionsClient, CredentialsError> {
-        let slot = Arc::clone(
-            self.cache
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entry(target.clone())
-                .or_default(),
-        );
+        let slot = self.slot(target);
         let mut cached = slot.lock().await;
         if let Some(cached) = cached.as_ref()
             && cached.read_at.elapsed() < CREDENTIALS_FRESHNESS
@@ -386,18 +436,13 @@ impl ActionsClients {
     /// Forgets the client of a target nothing refers to any more (its scale
     /// set was deleted). A later [`ActionsClients::get`] builds a new one.
     pub fn forget(&self, target: &GitHubTarget) {
-        self.cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(target);
+        self.lock().remove(target);
     }
 
     /// How many clients are cached (a target being read for the first time
     /// counts once its read is done).
     pub fn cached(&self) -> usize {
-        self.cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.lock()
             .values()
             .filter(|slot| slot.try_lock().map_or(true, |cached| cached.is_some()))
             .count()

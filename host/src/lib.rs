@@ -25,5 +25,6 @@ pub mod runtime;
 pub mod sharding;
 pub mod slack;
 pub mod telemetry;
+pub mod tenant_cache;
 pub mod unregistration;
 pub mod watch;

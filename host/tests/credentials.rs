@@ -155,6 +155,49 @@ async fn every_user_of_a_credential_shares_one_client() {
     assert_eq!(clients.cached(), 1);
 }
 
+/// Targets are what tenants write: a namespace trying URL after URL keeps
+/// at most its limit of clients, and the others still work, built for
+/// their one use; a forgotten target makes room.
+#[tokio::test]
+async fn a_namespace_keeps_at_most_its_limit_of_clients() {
+    let (env, fake, _) = setup("credentials-bounded", Some(pat_secret)).await;
+    let limits = arcwright::tenant_cache::Limits {
+        per_namespace: 2,
+        idle: Duration::from_secs(3600),
+    };
+    let clients = ActionsClients::with_limits(env.client(), fast_options(), limits);
+    let targets: Vec<GitHubTarget> = ["org-a", "org-b", "org-c"]
+        .into_iter()
+        .map(|org| GitHubTarget {
+            config_url: fake.org_url(org),
+            ..target(&env, &fake, "github")
+        })
+        .collect();
+    for target in &targets {
+        works(&clients.get(target).await.unwrap()).await;
+    }
+    assert_eq!(
+        clients.cached(),
+        2,
+        "the third target's client was not kept"
+    );
+    // Asked again, the third is built again: a bootstrap of its own.
+    let bootstraps = calls(&fake, Endpoint::RunnerRegistration);
+    works(&clients.get(&targets[2]).await.unwrap()).await;
+    assert_eq!(calls(&fake, Endpoint::RunnerRegistration), bootstraps + 1);
+    // A target forgotten (its scale set deleted) makes room for another.
+    clients.forget(&targets[0]);
+    works(&clients.get(&targets[2]).await.unwrap()).await;
+    assert_eq!(clients.cached(), 2);
+    let bootstraps = calls(&fake, Endpoint::RunnerRegistration);
+    works(&clients.get(&targets[2]).await.unwrap()).await;
+    assert_eq!(
+        calls(&fake, Endpoint::RunnerRegistration),
+        bootstraps,
+        "kept now"
+    );
+}
+
 #[tokio::test]
 async fn a_rotated_secret_gives_a_new_client() {
     let (env, fake, clients) = setup("credentials-rotated", Some(pat_secret)).await;

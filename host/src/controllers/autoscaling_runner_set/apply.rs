@@ -91,6 +91,9 @@ async fn apply_step<L: ListenerControl, S: ActionsClientSource>(
             .map_err(kube_err("removing the finalizer"))?;
             context.forget(&namespace, &name);
             context.metrics().forget_scale_set(&namespace, &name);
+            // Its runners and their registrations are gone with it; a set
+            // of the same target still here builds the client again.
+            context.actions.forget(&super::github_target(set));
         }
         Step::HoldCredentials => {
             credentials_finalizer(
