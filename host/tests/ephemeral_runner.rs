@@ -80,6 +80,8 @@ struct World {
     settings: Settings,
     metrics: ControllerMetrics,
     slack: SlackConfig,
+    /// The running controller's policy loader.
+    loader: Option<PolicyLoader>,
 }
 
 impl World {
@@ -119,6 +121,7 @@ impl World {
             settings,
             metrics: ControllerMetrics::default(),
             slack,
+            loader: None,
         };
         world.start_controller();
         world
@@ -126,13 +129,15 @@ impl World {
 
     fn start_controller(&mut self) {
         let client = self.env.client();
+        let loader = PolicyLoader::new(
+            PolicyEngine::new(EngineConfig::default()).unwrap(),
+            Some(client.clone()),
+        );
+        self.loader = Some(loader.clone());
         let deps = Dependencies {
             client: client.clone(),
             clients: ActionsClients::new(client.clone(), common::fast_client_options()),
-            loader: PolicyLoader::new(
-                PolicyEngine::new(EngineConfig::default()).unwrap(),
-                Some(client),
-            ),
+            loader,
             reporter: Arc::new(TracingReporter::default()),
             metrics: self.metrics.clone(),
             unregistration: Default::default(),
@@ -570,6 +575,81 @@ async fn a_clean_exit_costs_no_removal_call() {
             .calls(Endpoint::RemoveRunner),
         0,
         "a self-deregistered runner costs no removal call"
+    );
+}
+
+/// A tenant editing a deregistration policy's reference (its ConfigMap,
+/// its settings) makes a new one each time; the controller keeps a loaded
+/// policy, its ConfigMap watch and its task, only while a runner names it.
+#[tokio::test]
+async fn a_deregistration_policy_no_runner_names_any_more_goes_with_its_watch() {
+    use arcwright::policy::loader::{ConfigMapPolicyRef, PolicyRef};
+    use arcwright::policy::{PolicyKind, bundled};
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+
+    let world = World::new("dereg-policy-dropped", fast_settings()).await;
+    let wasm = bundled::find(PolicyKind::Deregistration, "exit-code")
+        .unwrap()
+        .wasm;
+    let config_maps: Api<ConfigMap> = Api::namespaced(world.env.client(), world.env.namespace());
+    for name in ["dereg-a", "dereg-b"] {
+        let module = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            binary_data: Some([("policy.wasm".to_string(), ByteString(wasm.to_vec()))].into()),
+            ..ConfigMap::default()
+        };
+        config_maps
+            .create(&PostParams::default(), &module)
+            .await
+            .unwrap();
+    }
+    let naming = |name: &str| {
+        let reference = PolicyRef {
+            config_map_ref: Some(ConfigMapPolicyRef {
+                name: name.into(),
+                key: "policy.wasm".into(),
+            }),
+            ..PolicyRef::default()
+        };
+        move |spec: &mut EphemeralRunnerSpec| {
+            spec.policies.deregistration_policy = Some(reference);
+        }
+    };
+    let loader = world.loader.clone().unwrap();
+    // A runner ends, and its verdict loads the policy it names.
+    let run_to_verdict = |runner: &'static str, policy: &'static str| {
+        let world = &world;
+        let naming = &naming;
+        async move {
+            world
+                .acquire_jobs(JobSpec::new(1, &[]).lasting(Duration::from_millis(300)))
+                .await;
+            world.create_runner_with(runner, naming(policy)).await;
+            world
+                .wait_runner(runner, "had its verdict", |r| {
+                    r.status
+                        .as_ref()
+                        .and_then(|s| s.condition("Registered"))
+                        .is_some_and(|c| c.status == "False")
+                })
+                .await;
+        }
+    };
+    run_to_verdict("r-a", "dereg-a").await;
+    assert_eq!(loader.configmap_watches(), 1, "dereg-a is followed");
+    world.delete_and_wait_gone("r-a").await;
+    // r-b's creation reaches the controller's watch after r-a's deletion,
+    // so when r-b's verdict loads dereg-b, nothing names dereg-a.
+    run_to_verdict("r-b", "dereg-b").await;
+    assert_eq!(
+        loader.configmap_watches(),
+        1,
+        "dereg-a went with its last runner; only dereg-b is followed"
     );
 }
 

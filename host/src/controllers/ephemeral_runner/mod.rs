@@ -29,8 +29,8 @@ pub mod resources;
 
 pub use observe::replay;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -49,6 +49,7 @@ use crate::credentials::{ActionsClients, ActionsRemover, CredentialsError, GitHu
 use crate::policy::loader::{LoadedPolicy, PolicyLoader, PolicyRef};
 use crate::policy::{PolicyError, PolicyKind, PolicyReporter};
 use crate::slack::SlackClient;
+use crate::tenant_cache::{Limits, TenantCache};
 use crate::unregistration::{
     PoolConfig, UnregistrationKey, UnregistrationMetrics, UnregistrationPool,
 };
@@ -196,7 +197,13 @@ pub(crate) struct Context {
     publisher: Publisher,
     /// Loaded deregistration policies by namespace and reference, so a
     /// reference shared by thousands of runners is compiled and watched once.
-    policies: Mutex<HashMap<(String, String), Arc<LoadedPolicy>>>,
+    /// A reference is what a tenant writes (its settings included), so the
+    /// cache is bounded by [`POLICY_LIMITS`] and keeps only what some runner
+    /// still names ([`Context::deregistration_policy`]).
+    policies: Mutex<TenantCache<PolicyKey, Arc<LoadedPolicy>>>,
+    /// The runners as the controller's watch last saw them: what says which
+    /// loaded policies are still referred to.
+    runners: reflector::Store<EphemeralRunner>,
     /// Taken while a runner counts the held runners of its scale set and
     /// records its own hold; see `observe::Planned`.
     hold_gate: Arc<tokio::sync::Mutex<()>>,
@@ -209,6 +216,49 @@ pub(crate) struct Context {
     /// The JIT config Secrets as the watch last saw them, without the
     /// configs.
     secrets: reflector::Store<Secret>,
+}
+
+/// A deregistration policy reference as the cache keys it: the runner's
+/// namespace and the reference as JSON (`null` for the bundled default).
+type PolicyKey = (String, String);
+
+/// How many deregistration policies a namespace keeps loaded: a scale
+/// set's policy and its shadow, for a few dozen sets of settings each.
+/// Past that a reference is loaded for the one verdict it is asked for.
+pub const POLICY_LIMITS: Limits = Limits {
+    per_namespace: 64,
+    idle: Duration::from_secs(15 * 60),
+};
+
+fn policy_key(namespace: &str, reference: Option<&PolicyRef>) -> PolicyKey {
+    (
+        namespace.to_string(),
+        serde_json::to_string(&reference).unwrap_or_default(),
+    )
+}
+
+/// The keys of the policies `runners` name, active and shadow.
+fn referenced_policies<'a>(
+    runners: impl IntoIterator<Item = &'a EphemeralRunner>,
+) -> HashSet<PolicyKey> {
+    runners
+        .into_iter()
+        .flat_map(|runner| {
+            let namespace = runner.namespace().unwrap_or_default();
+            let policies = &runner.spec.policies;
+            [
+                Some(policy_key(
+                    &namespace,
+                    policies.deregistration_policy.as_ref(),
+                )),
+                policies
+                    .shadow_deregistration_policy
+                    .as_ref()
+                    .map(|shadow| policy_key(&namespace, Some(shadow))),
+            ]
+        })
+        .flatten()
+        .collect()
 }
 
 impl Context {
@@ -225,12 +275,9 @@ impl Context {
         namespace: &str,
         reference: Option<&PolicyRef>,
     ) -> Result<Arc<LoadedPolicy>, PolicyError> {
-        let key = (
-            namespace.to_string(),
-            serde_json::to_string(&reference).unwrap_or_default(),
-        );
-        if let Some(loaded) = self.lock_policies().get(&key) {
-            return Ok(loaded.clone());
+        let key = policy_key(namespace, reference);
+        if let Some(loaded) = self.lock_policies().get(&key, tokio::time::Instant::now()) {
+            return Ok(loaded);
         }
         let loaded = Arc::new(
             self.deps
@@ -243,12 +290,32 @@ impl Context {
                 )
                 .await?,
         );
-        Ok(self.lock_policies().entry(key).or_insert(loaded).clone())
+        // A new reference: the ones no runner names any more (edited away,
+        // or their runners gone) are dropped first, with their watches,
+        // so the namespace's room is what is in use.
+        let referenced = referenced_policies(self.runners.state().iter().map(|r| r.as_ref()));
+        let mut policies = self.lock_policies();
+        policies.retain(|key| referenced.contains(key));
+        let now = tokio::time::Instant::now();
+        if let Some(kept) = policies.get(&key, now) {
+            // Another reconcile loaded it meanwhile.
+            return Ok(kept);
+        }
+        if !policies.insert(key, namespace, loaded.clone(), now)
+            && policies.refused().is_power_of_two()
+        {
+            tracing::warn!(
+                %namespace,
+                refused = policies.refused(),
+                limit = POLICY_LIMITS.per_namespace,
+                "the namespace's runners name more deregistration policies than are kept loaded; \
+                 the others are loaded for each verdict"
+            );
+        }
+        Ok(loaded)
     }
 
-    fn lock_policies(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(String, String), Arc<LoadedPolicy>>> {
+    fn lock_policies(&self) -> MutexGuard<'_, TenantCache<PolicyKey, Arc<LoadedPolicy>>> {
         self.policies.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -366,13 +433,15 @@ pub async fn run(
         crate::watch::config().labels(&format!("{}={}", labels::MANAGED_BY, labels::ARCWRIGHT));
     let (pod_cache, pod_writer) = reflector::store();
     let (secret_cache, secret_writer) = reflector::store();
+    let (reader, writer) = reflector::store();
     let ctx = Arc::new(Context {
+        runners: reader.clone(),
         pods: pod_cache,
         secrets: secret_cache,
         publisher: Publisher::new(client.clone(), CONTROLLER),
         deps,
         pool,
-        policies: Mutex::new(HashMap::new()),
+        policies: Mutex::new(TenantCache::new(POLICY_LIMITS, tokio::time::Instant::now())),
         hold_gate: Arc::new(tokio::sync::Mutex::new(())),
         slack: match SlackClient::new(config.slack.api_url.clone()) {
             Ok(slack) => Some(slack),
@@ -387,7 +456,6 @@ pub async fn run(
     let woken = futures::stream::unfold(woken, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });
-    let (reader, writer) = reflector::store();
     let (events, listed) = synced.on_listed(
         watcher::watcher(runners, crate::watch::config())
             .backoff(crate::watch::WatchBackoff::default())
