@@ -13,6 +13,11 @@
 //! AutoscalingRunnerSet's `status.scaling` and in its events. The per-job
 //! metrics carry what `listenerMetrics` chooses ([`JobMetricLabels`]); the
 //! default leaves out the job's name, which would be a series per job name.
+//! Chosen labels are still values anyone opening a pull request writes (a
+//! job's name, a branch), so a scale set keeps at most
+//! [`JOB_SERIES_PER_SCALE_SET`] per-job series: a job whose series would be
+//! one more is not recorded, and `arcwright_job_series_dropped_total` counts
+//! it, so the cap shows instead of skewing the figures unseen.
 //!
 //! A scale set's series are removed when its listener stops, so a deleted
 //! scale set does not go on reporting its last figures.
@@ -104,14 +109,21 @@ pub struct ShadowLabels {
     pub agreement: &'static str,
 }
 
-/// A scale set, for its shadow's desired runners.
+/// A scale set by its name alone: for its shadow's desired runners and its
+/// dropped job series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ShadowSetLabels {
+pub struct SetNameLabels {
     /// The AutoscalingRunnerSet's namespace.
     pub namespace: String,
     /// Its name.
     pub name: String,
 }
+
+/// The most per-job series one scale set has, over the four per-job
+/// families: a few hundred repositories or job names with their results
+/// fit; past it a cardinality a tenant chose fills the host's memory and
+/// the Prometheus server's.
+pub const JOB_SERIES_PER_SCALE_SET: usize = 512;
 
 /// The per-job metrics' names, as ARC's.
 pub mod job_metrics {
@@ -306,7 +318,10 @@ pub struct ListenerMetrics {
     jobs: JobFamilies,
     decisions: Family<DecisionLabels, Counter>,
     shadow_decisions: Family<ShadowLabels, Counter>,
-    shadow_desired: Family<ShadowSetLabels, Gauge>,
+    shadow_desired: Family<SetNameLabels, Gauge>,
+    /// Job observations not recorded because their scale set had its
+    /// [`JOB_SERIES_PER_SCALE_SET`].
+    job_series_dropped: Family<SetNameLabels, Counter>,
     /// Where the scaling policies' failures are counted
     /// (`arcwright_policy_failures_total`), beside the other policy kinds'.
     policy: Option<crate::policy::metrics::PolicyMetrics>,
@@ -436,6 +451,11 @@ impl ListenerMetrics {
             "The runners the shadow scaling policy last asked for (never applied)",
             metrics.shadow_desired.clone(),
         );
+        registry.register(
+            "arcwright_job_series_dropped",
+            "Job observations not recorded because the scale set had as many per-job series as it may keep",
+            metrics.job_series_dropped.clone(),
+        );
         metrics
     }
 
@@ -456,7 +476,7 @@ impl ListenerMetrics {
             .inc();
         if let Some(desired) = desired {
             self.shadow_desired
-                .get_or_create(&ShadowSetLabels {
+                .get_or_create(&SetNameLabels {
                     namespace: scale_set.namespace.clone(),
                     name: scale_set.name.clone(),
                 })
@@ -478,15 +498,18 @@ impl ListenerMetrics {
     /// A runner of `scale_set` started `job`.
     pub fn job_started(&self, scale_set: &ScaleSetLabels, labels: &JobMetricLabels, job: &JobInfo) {
         let series = job_series(scale_set, &labels.started, job, None);
-        self.jobs.started.get_or_create(&series).inc();
-        let startup = job_series(scale_set, &labels.startup, job, None);
+        if self.admit(scale_set, series.clone()) {
+            self.jobs.started.get_or_create(&series).inc();
+        }
         // ARC's startup: from the scale set's assignment to the runner's.
         if let (Some(assigned), Some(runner)) = (job.scale_set_assign_time, job.runner_assign_time)
         {
-            let seconds = runner.duration_since(assigned).as_secs_f64().max(0.0);
-            self.jobs.startup.get_or_create(&startup).observe(seconds);
+            let startup = job_series(scale_set, &labels.startup, job, None);
+            if self.admit(scale_set, startup.clone()) {
+                let seconds = runner.duration_since(assigned).as_secs_f64().max(0.0);
+                self.jobs.startup.get_or_create(&startup).observe(seconds);
+            }
         }
-        self.note_job_series(scale_set, [series, startup]);
     }
 
     /// `job` of `scale_set` completed with `result`.
@@ -498,27 +521,42 @@ impl ListenerMetrics {
         result: &str,
     ) {
         let series = job_series(scale_set, &labels.completed, job, Some(result));
-        self.jobs.completed.get_or_create(&series).inc();
-        let execution = job_series(scale_set, &labels.execution, job, Some(result));
+        if self.admit(scale_set, series.clone()) {
+            self.jobs.completed.get_or_create(&series).inc();
+        }
         // ARC's execution: from the runner's assignment to the end; none
         // for a job no runner took (canceled while queued).
         if let (Some(runner), Some(finished)) = (job.runner_assign_time, job.finish_time) {
-            let seconds = finished.duration_since(runner).as_secs_f64().max(0.0);
-            self.jobs
-                .execution
-                .get_or_create(&execution)
-                .observe(seconds);
+            let execution = job_series(scale_set, &labels.execution, job, Some(result));
+            if self.admit(scale_set, execution.clone()) {
+                let seconds = finished.duration_since(runner).as_secs_f64().max(0.0);
+                self.jobs
+                    .execution
+                    .get_or_create(&execution)
+                    .observe(seconds);
+            }
         }
-        self.note_job_series(scale_set, [series, execution]);
     }
 
-    fn note_job_series(&self, scale_set: &ScaleSetLabels, series: [JobSeries; 2]) {
-        self.job_series
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(scale_set.key())
-            .or_default()
-            .extend(series);
+    /// Whether `series` may be recorded for `scale_set`: one it has, or a
+    /// new one within [`JOB_SERIES_PER_SCALE_SET`] (remembered, so it goes
+    /// with the set). A refusal is counted.
+    fn admit(&self, scale_set: &ScaleSetLabels, series: JobSeries) -> bool {
+        let admitted = {
+            let mut sets = self.job_series.lock().unwrap_or_else(|e| e.into_inner());
+            let known = sets.entry(scale_set.key()).or_default();
+            known.contains(&series)
+                || (known.len() < JOB_SERIES_PER_SCALE_SET && known.insert(series))
+        };
+        if !admitted {
+            self.job_series_dropped
+                .get_or_create(&SetNameLabels {
+                    namespace: scale_set.namespace.clone(),
+                    name: scale_set.name.clone(),
+                })
+                .inc();
+        }
+        admitted
     }
 
     /// Records the service's latest statistics for a scale set.
@@ -615,10 +653,12 @@ impl ListenerMetrics {
                 agreement,
             });
         }
-        self.shadow_desired.remove(&ShadowSetLabels {
+        let set_name = SetNameLabels {
             namespace: scale_set.namespace.clone(),
             name: scale_set.name.clone(),
-        });
+        };
+        self.shadow_desired.remove(&set_name);
+        self.job_series_dropped.remove(&set_name);
         let series = self
             .job_series
             .lock()
@@ -738,5 +778,56 @@ mod tests {
         metrics.forget(&set);
         let text = encode(&registry);
         assert!(!text.contains(r#"name="linux""#), "{text}");
+    }
+
+    #[test]
+    fn a_scale_set_keeps_at_most_its_job_series_and_counts_what_it_dropped() {
+        let mut registry = Registry::default();
+        let metrics = ListenerMetrics::register(&mut registry);
+        let set = ScaleSetLabels::new("ci", "linux", "https://github.com/octo");
+        let other = ScaleSetLabels::new("ci", "arm", "https://github.com/octo");
+        // Every pull request names its job anew.
+        let config: MetricsConfig = serde_json::from_value(serde_json::json!({
+            "counters": {"gha_completed_jobs_total": {"labels": ["job_name"]}}
+        }))
+        .unwrap();
+        let chosen = JobMetricLabels::from_config(Some(&config));
+        let extra = 20;
+        for n in 0..JOB_SERIES_PER_SCALE_SET + extra {
+            metrics.job_completed(&set, &chosen, &job(&format!("pr-{n}")), "succeeded");
+        }
+        // A series the set has is still counted past the cap.
+        metrics.job_completed(&set, &chosen, &job("pr-0"), "succeeded");
+        metrics.job_completed(&other, &chosen, &job("lint"), "succeeded");
+        let text = encode(&registry);
+        let series = |family: &str, set: &str| {
+            text.lines()
+                .filter(|line| {
+                    line.starts_with(&format!("{family}{{"))
+                        && line.contains(&format!(r#"name="{set}""#))
+                })
+                .count()
+        };
+        // The execution histograms of the same jobs share the budget.
+        let kept = series("gha_completed_jobs_total", "linux")
+            + series("gha_job_execution_duration_seconds_count", "linux");
+        assert_eq!(kept, JOB_SERIES_PER_SCALE_SET, "{text}");
+        assert!(
+            text.contains(
+                r#"gha_completed_jobs_total{name="linux",namespace="ci",job_name="pr-0"} 2"#
+            ),
+            "{text}"
+        );
+        // The execution series (default labels) is one for every job, so
+        // 511 names fit beside it and the other 21 jobs' counts dropped.
+        let dropped = format!(
+            r#"arcwright_job_series_dropped_total{{namespace="ci",name="linux"}} {}"#,
+            extra + 1
+        );
+        assert!(text.contains(&dropped), "{dropped} in {text}");
+        // Another set has a budget of its own.
+        assert_eq!(series("gha_completed_jobs_total", "arm"), 1);
+        metrics.forget(&set);
+        assert!(!encode(&registry).contains("arcwright_job_series_dropped_total{"));
     }
 }
