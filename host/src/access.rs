@@ -16,6 +16,14 @@
 //! The routers of one server share one budget, so a client cannot double
 //! its reviews by alternating between APIs.
 //!
+//! A token is accepted only if it was made for arcwright: the review asks
+//! for the audience [`AUDIENCE`], and the API server authenticates a token
+//! for it only if the token names it (`kubectl create token ACCOUNT
+//! --audience arcwright`). A token made for the API server itself, the
+//! kind every kubeconfig and pod holds, is refused: whoever receives a
+//! token can replay it, and one that arcwright accepted must not open the
+//! rest of the cluster to whoever sees it on the way.
+//!
 //! The token is read from `Authorization: Bearer`, or from
 //! [`TOKEN_HEADER`] when the request came through the API server's service
 //! proxy, which removes `Authorization` once it has authenticated the
@@ -49,6 +57,9 @@ pub use crate::debug::throttle::Throttle;
 /// before forwarding; other headers pass. The token in it is reviewed
 /// exactly as one in `Authorization` is, so it opens nothing more.
 pub const TOKEN_HEADER: &str = "x-arcwright-authorization";
+
+/// The audience a token must be made for to be accepted here.
+pub const AUDIENCE: &str = "arcwright";
 
 /// The address a client connected from, for the review budget: what a
 /// server hands the routers when made with
@@ -143,7 +154,7 @@ pub async fn authorise(
     let review = TokenReview {
         spec: TokenReviewSpec {
             token: token.to_string(),
-            audiences: None,
+            audiences: Some(vec![AUDIENCE.to_owned()]),
         },
         ..TokenReview::default()
     };
@@ -156,8 +167,16 @@ pub async fn authorise(
         })?;
     let status = reviewed.status.unwrap_or_default();
     let user = match (status.authenticated, status.user) {
-        (Some(true), Some(user)) => user,
-        _ => return Err(answer(StatusCode::UNAUTHORIZED, "the token is not valid")),
+        (Some(true), Some(user)) if meant_for_arcwright(status.audiences.as_deref()) => user,
+        _ => {
+            return Err(answer(
+                StatusCode::UNAUTHORIZED,
+                format!(
+                    "the token is not valid for the audience {AUDIENCE} (make one with \
+                     `kubectl create token ACCOUNT -n NAMESPACE --audience {AUDIENCE}`)"
+                ),
+            ));
+        }
     };
     let access = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
@@ -202,9 +221,33 @@ pub async fn authorise(
     ))
 }
 
+/// Whether a TokenReview's answer says the token is valid for
+/// [`AUDIENCE`]. An authenticator that knows nothing of audiences answers
+/// none, which means "valid for the API server" (the TokenReview API's
+/// rule), so none is a refusal too.
+fn meant_for_arcwright(audiences: Option<&[String]>) -> bool {
+    audiences.is_some_and(|audiences| audiences.iter().any(|a| a == AUDIENCE))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_review_that_names_arcwright_as_audience_accepts() {
+        assert!(meant_for_arcwright(Some(&[AUDIENCE.to_owned()])));
+        assert!(meant_for_arcwright(Some(&[
+            "https://kubernetes.default.svc".to_owned(),
+            AUDIENCE.to_owned()
+        ])));
+        // The API server's own audience, or an authenticator that ignores
+        // audiences.
+        assert!(!meant_for_arcwright(Some(&[
+            "https://kubernetes.default.svc".to_owned()
+        ])));
+        assert!(!meant_for_arcwright(Some(&[])));
+        assert!(!meant_for_arcwright(None));
+    }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();

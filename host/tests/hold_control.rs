@@ -406,13 +406,18 @@ async fn the_hold_api_extends_and_releases_for_those_allowed_to_update_the_runne
     world.held_runner("r", "Debugging", since).await;
     let holder = service_account(&world, "holder", true).await;
     let stranger = service_account(&world, "stranger", false).await;
+    // The holder's own account, with a token made for the API server (what
+    // a kubeconfig or a pod holds): valid in the cluster, not here.
+    let general = common::token_for(world.env.client(), world.env.namespace(), "holder", &[]).await;
     let extend = || Some(json!({"duration": "30m"}));
 
-    // Refused: no token, a token the API server does not know, a user who
-    // may not update the runner. None of them changes the hold.
+    // Refused: no token, a token the API server does not know, a token not
+    // made for arcwright, a user who may not update the runner. None of
+    // them changes the hold.
     let refused = [
         ("no token", None, 401),
         ("a made-up token", Some("not-a-token"), 401),
+        ("a token for the API server", Some(general.as_str()), 401),
         ("not allowed", Some(stranger.as_str()), 403),
     ];
     for (name, token, want) in refused {

@@ -93,9 +93,11 @@ impl World {
         .await
     }
 
-    /// A file holding `token`, and a kubeconfig whose user is that token,
-    /// for the API server of the test.
-    fn credentials(&self, token: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    /// A file holding `token` (the account `name`'s, for arcwright), and a
+    /// kubeconfig whose user is the same account with a token for the API
+    /// server of the test.
+    async fn credentials(&self, name: &str, token: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let general = common::token_for(self.env.client(), self.ns(), name, &[]).await;
         let dir = tempfile::tempdir().unwrap();
         let token_file = dir.path().join("token");
         std::fs::write(&token_file, format!("{token}\n")).unwrap();
@@ -115,7 +117,7 @@ clusters:
 users:
 - name: reader
   user:
-    token: {token}
+    token: {general}
 contexts:
 - name: test
   context: {{cluster: test, user: reader}}
@@ -138,6 +140,7 @@ current-context: test
             kubeconfig: None,
             ca_file: None,
             insecure_skip_tls_verify: false,
+            allow_insecure: false,
             output: None,
         }
     }
@@ -297,7 +300,7 @@ async fn fetch_with_a_url_writes_the_trace_and_says_why_it_cannot() {
     .await;
     let reader = world.reader("reader").await;
     let stranger = world.account("stranger", json!([])).await;
-    let (_dir, token_file, kubeconfig) = world.credentials(&reader);
+    let (_dir, token_file, kubeconfig) = world.credentials("reader", &reader).await;
     let url: url::Url = world.base.parse().unwrap();
 
     let by_file = fetch(&FetchArgs {
@@ -309,19 +312,21 @@ async fn fetch_with_a_url_writes_the_trace_and_says_why_it_cannot() {
     .unwrap();
     assert_eq!(read(&by_file).unwrap().entries, entries);
 
-    // No token file: the kubeconfig user's token.
-    let by_kubeconfig = fetch(&FetchArgs {
+    // No token file: the kubeconfig's credentials are never sent.
+    let error = fetch(&FetchArgs {
         url: Some(url.clone()),
         kubeconfig: Some(kubeconfig.clone()),
         ..world.fetch_args("linux")
     })
     .await
-    .unwrap();
-    assert_eq!(by_kubeconfig, by_file);
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("--token-file"), "{error}");
 
+    let (_dir, token_file, _) = world.credentials("reader", &reader).await;
     let error = fetch(&FetchArgs {
         url: Some(url.clone()),
-        kubeconfig: Some(kubeconfig),
+        token_file: Some(token_file),
         ..world.fetch_args("absent")
     })
     .await
@@ -329,7 +334,7 @@ async fn fetch_with_a_url_writes_the_trace_and_says_why_it_cannot() {
     .to_string();
     assert!(error.starts_with("no recording (404)"), "{error}");
 
-    let (_dir, stranger_file, _) = world.credentials(&stranger);
+    let (_dir, stranger_file, _) = world.credentials("stranger", &stranger).await;
     let error = fetch(&FetchArgs {
         url: Some(url.clone()),
         token_file: Some(stranger_file),
@@ -451,7 +456,7 @@ async fn fetch_through_the_service_proxy_carries_the_token_past_the_api_server()
             ]),
         )
         .await;
-    let (_dir, _, kubeconfig) = world.credentials(&reader);
+    let (_dir, token_file, kubeconfig) = world.credentials("reader", &reader).await;
     let as_reader = {
         let text = std::fs::read_to_string(&kubeconfig).unwrap();
         let config = kube::Config::from_custom_kubeconfig(
@@ -489,10 +494,13 @@ async fn fetch_through_the_service_proxy_carries_the_token_past_the_api_server()
     );
 
     // The token in the header the proxy passes: the trace, as recorded.
+    // The test's port is plain HTTP, so the fetch says it means that.
     let service: ServiceRef = parse_service(&format!("{ns}/arcwright:debug")).unwrap();
     let text = fetch(&FetchArgs {
         service: Some(service.clone()),
         kubeconfig: Some(kubeconfig.clone()),
+        token_file: Some(token_file.clone()),
+        allow_insecure: true,
         ..world.fetch_args("linux")
     })
     .await
@@ -508,10 +516,12 @@ async fn fetch_through_the_service_proxy_carries_the_token_past_the_api_server()
             json!([{"apiGroups": ["arcwright.dev"], "resources": ["autoscalingrunnersets"], "verbs": [VERB]}]),
         )
         .await;
-    let (_dir, _, outsider_kubeconfig) = world.credentials(&outsider);
+    let (_dir, outsider_file, outsider_kubeconfig) = world.credentials("outsider", &outsider).await;
     let error = fetch(&FetchArgs {
         service: Some(service),
         kubeconfig: Some(outsider_kubeconfig),
+        token_file: Some(outsider_file),
+        allow_insecure: true,
         ..world.fetch_args("linux")
     })
     .await

@@ -15,10 +15,18 @@
 //! the token for the controller travels in [`TOKEN_HEADER`] instead, which
 //! the proxy passes. Either way the controller reviews the token itself.
 //!
-//! The token is `--token-file`'s, else the kubeconfig user's bearer token
-//! (`token` or `tokenFile`). A user who authenticates with a client
-//! certificate or an exec plugin has no token the controller could review:
-//! such a user gives `--token-file` (e.g. from `kubectl create token`).
+//! The token is `--token-file`'s, and it must be made for arcwright
+//! (`kubectl create token ACCOUNT --audience arcwright`), as the controller
+//! accepts no other ([`crate::access::AUDIENCE`]). The kubeconfig's own
+//! token is never sent: it is a credential for the whole API server, and
+//! the controller has no business holding one of its callers'.
+//!
+//! The token crosses the network only encrypted unless the user says
+//! otherwise twice: a plain `http://` URL to another host than this one, a
+//! Service port reached without `https:`, and `--insecure-skip-tls-verify`
+//! are each refused without `--allow-insecure` too. A port forwarded to
+//! this host (`kubectl port-forward`, `http://localhost:PORT`) is not on
+//! the network: it goes through the API server's TLS tunnel.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -63,8 +71,9 @@ pub struct FetchArgs {
     /// NAMESPACE/NAME:PORT (`NAMESPACE/https:NAME:PORT` for a TLS port).
     #[arg(long, value_parser = parse_service, value_name = "NAMESPACE/NAME:PORT")]
     pub service: Option<ServiceRef>,
-    /// A file holding the bearer token to send (default: the kubeconfig
-    /// user's token).
+    /// A file holding the bearer token to send, made for the audience
+    /// `arcwright` (`kubectl create token ACCOUNT -n NAMESPACE --audience
+    /// arcwright > token`).
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
     /// The kubeconfig (default: `$KUBECONFIG`, `~/.kube/config`, or the
@@ -76,8 +85,14 @@ pub struct FetchArgs {
     pub ca_file: Option<PathBuf>,
     /// With `--url https://...`, skip verifying the certificate (a port
     /// forwarded to `localhost` does not match the certificate's names).
+    /// Needs `--allow-insecure` too.
     #[arg(long, requires = "url")]
     pub insecure_skip_tls_verify: bool,
+    /// Send the token where it could be read on the way: over plain HTTP
+    /// to another host (a `http://` URL, a Service port without `https:`),
+    /// or with `--insecure-skip-tls-verify`.
+    #[arg(long)]
+    pub allow_insecure: bool,
     /// Write the trace here instead of to standard output.
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -236,12 +251,10 @@ pub async fn fetch(args: &FetchArgs) -> anyhow::Result<String> {
     ensure_crypto_provider();
     let set = &args.scale_set;
     let path = recording_path(&set.namespace, &set.name);
+    check_transport(args)?;
+    let token = token(args)?;
     let (status, retry_after, body, via) = match (&args.url, &args.service) {
         (Some(url), _) => {
-            let token = match &args.token_file {
-                Some(file) => read_token(file)?,
-                None => kubeconfig_token(&load_config(args.kubeconfig.as_deref()).await?)?,
-            };
             let target = format!("{}{path}", url.as_str().trim_end_matches('/'));
             let response = http_client(args)?
                 .get(&target)
@@ -259,10 +272,6 @@ pub async fn fetch(args: &FetchArgs) -> anyhow::Result<String> {
         }
         (None, Some(service)) => {
             let config = load_config(args.kubeconfig.as_deref()).await?;
-            let token = match &args.token_file {
-                Some(file) => read_token(file)?,
-                None => kubeconfig_token(&config)?,
-            };
             let client =
                 kube::Client::try_from(config).context("building the Kubernetes client")?;
             let proxied = format!(
@@ -338,31 +347,68 @@ async fn load_config(path: Option<&Path>) -> anyhow::Result<kube::Config> {
                 .with_context(|| format!("using the kubeconfig {}", path.display()))
         }
         None => kube::Config::infer().await.context(
-            "no Kubernetes configuration found (give --kubeconfig, or --token-file with --url)",
+            "no Kubernetes configuration found for the API server's proxy (give --kubeconfig, or use --url)",
         ),
     }
 }
 
-/// The kubeconfig user's bearer token: `token`, else `tokenFile`'s.
-fn kubeconfig_token(config: &kube::Config) -> anyhow::Result<String> {
-    // kube keeps the token behind a type whose only way out is its
-    // serialisation, which writes the kubeconfig's fields back.
-    let user = serde_json::to_value(&config.auth_info).unwrap_or_default();
-    if let Some(token) = user["token"]
-        .as_str()
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
+/// The token to send: `--token-file`'s, which is required.
+fn token(args: &FetchArgs) -> anyhow::Result<String> {
+    match &args.token_file {
+        Some(file) => read_token(file),
+        None => bail!(
+            "give --token-file with a token made for the controller: \
+             `kubectl create token SERVICE_ACCOUNT -n NAMESPACE --audience {} > token` \
+             (the kubeconfig's own credentials are never sent to it)",
+            crate::access::AUDIENCE
+        ),
+    }
+}
+
+/// Refuses to send the token where it could be read, unless
+/// `--allow-insecure` says so (see the module's documentation).
+fn check_transport(args: &FetchArgs) -> anyhow::Result<()> {
+    if args.allow_insecure {
+        return Ok(());
+    }
+    if args.insecure_skip_tls_verify {
+        bail!(
+            "--insecure-skip-tls-verify lets whoever answers read the token: \
+             give --allow-insecure too if that is meant, or --ca-file"
+        );
+    }
+    if let Some(url) = &args.url
+        && url.scheme() == "http"
+        && !is_this_host(url)
     {
-        return Ok(token.to_owned());
+        bail!(
+            "{url} is plain HTTP to another host, where the token can be read on the way: \
+             use https, a port forwarded to localhost, or give --allow-insecure too"
+        );
     }
-    if let Some(file) = user["tokenFile"].as_str() {
-        return read_token(Path::new(file));
+    if let Some(service) = &args.service
+        && !service.target.starts_with("https:")
+    {
+        bail!(
+            "the Service port {}/{} is reached over plain HTTP from the API server, where the \
+             token can be read on the way: name it NAMESPACE/https:NAME:PORT (the controller's \
+             debug endpoint with a TLS Secret), or give --allow-insecure too",
+            service.namespace,
+            service.target
+        );
     }
-    bail!(
-        "the kubeconfig's user has no bearer token (it signs in with a client certificate or \
-         an exec plugin): give --token-file with a token the controller can review, e.g. \
-         `kubectl create token SERVICE_ACCOUNT -n NAMESPACE > token`"
-    )
+    Ok(())
+}
+
+/// Whether `url` names this host (loopback), where plain HTTP crosses no
+/// network.
+fn is_this_host(url: &url::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
 }
 
 fn read_token(path: &Path) -> anyhow::Result<String> {
@@ -416,7 +462,8 @@ pub fn interpret(
         }
         401 => bail!(
             "the controller refused the token (401): {message}; give a valid one with \
-             --token-file (e.g. from `kubectl create token`)"
+             --token-file (`kubectl create token ACCOUNT -n NAMESPACE --audience {}`)",
+            crate::access::AUDIENCE
         ),
         403 if via == Via::Service && message.contains("services/proxy") => bail!(
             "the API server refused the proxy (403): {message}; the kubeconfig's user needs \
@@ -506,6 +553,58 @@ mod tests {
 
     fn set() -> ScaleSetRef {
         parse_scale_set("ci/linux").unwrap()
+    }
+
+    fn args(url: Option<&str>, service: Option<&str>) -> FetchArgs {
+        FetchArgs {
+            scale_set: set(),
+            url: url.map(|u| u.parse().unwrap()),
+            service: service.map(|s| parse_service(s).unwrap()),
+            token_file: None,
+            kubeconfig: None,
+            ca_file: None,
+            insecure_skip_tls_verify: false,
+            allow_insecure: false,
+            output: None,
+        }
+    }
+
+    #[test]
+    fn the_token_goes_unencrypted_over_a_network_only_when_said_twice() {
+        for sent in [
+            args(Some("https://arcwright.example:8443"), None),
+            args(Some("http://localhost:8080"), None),
+            args(Some("http://127.0.0.1:8080"), None),
+            args(Some("http://[::1]:8080"), None),
+            args(None, Some("arcwright-system/https:arcwright:8443")),
+        ] {
+            check_transport(&sent).unwrap();
+        }
+        let insecure = FetchArgs {
+            insecure_skip_tls_verify: true,
+            ..args(Some("https://localhost:8443"), None)
+        };
+        for (refused, says) in [
+            (args(Some("http://10.0.0.7:8080"), None), "plain HTTP"),
+            (
+                args(None, Some("arcwright-system/arcwright:debug")),
+                "https:",
+            ),
+            (insecure, "--allow-insecure"),
+        ] {
+            let error = check_transport(&refused).unwrap_err().to_string();
+            assert!(error.contains(says), "{error}");
+            check_transport(&FetchArgs {
+                allow_insecure: true,
+                ..refused
+            })
+            .unwrap();
+        }
+        // No token file is no token: the kubeconfig's is never sent.
+        let error = token(&args(Some("https://localhost"), None))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("--audience arcwright"), "{error}");
     }
 
     #[test]

@@ -69,12 +69,12 @@ pub fn fast_client_options() -> arcwright::actions::ClientOptions {
 }
 
 /// Creates the ServiceAccount `name` in `namespace`, with no permissions,
-/// and returns a token for it (a TokenRequest, ten minutes).
+/// and returns a token for it made for arcwright's APIs (a TokenRequest
+/// for the audience [`arcwright::access::AUDIENCE`], ten minutes).
 #[allow(dead_code)] // the binaries that call an authenticated endpoint
 pub async fn service_account_token(client: kube::Client, namespace: &str, name: &str) -> String {
-    use k8s_openapi::api::authentication::v1::TokenRequest;
     use k8s_openapi::api::core::v1::ServiceAccount;
-    let accounts: Api<ServiceAccount> = Api::namespaced(client, namespace);
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
     accounts
         .create(
             &PostParams::default(),
@@ -82,10 +82,25 @@ pub async fn service_account_token(client: kube::Client, namespace: &str, name: 
         )
         .await
         .unwrap();
+    token_for(client, namespace, name, &[arcwright::access::AUDIENCE]).await
+}
+
+/// A token of the existing ServiceAccount `namespace/name` for
+/// `audiences` (none: the API server's own, what a kubeconfig holds).
+#[allow(dead_code)] // the binaries that call an authenticated endpoint
+pub async fn token_for(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+    audiences: &[&str],
+) -> String {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client, namespace);
     let request = serde_json::json!({
         "apiVersion": "authentication.k8s.io/v1",
         "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 600},
+        "spec": {"expirationSeconds": 600, "audiences": audiences},
     });
     let issued: TokenRequest = accounts
         .create_subresource("token", name, &PostParams::default(), &request)

@@ -50,8 +50,10 @@ async fn reader_token(stack: &Stack, name: &str) -> String {
         .create(&post, &binding)
         .await
         .unwrap();
-    let request: TokenRequest =
-        serde_json::from_value(json!({"spec": {"expirationSeconds": 3600}})).unwrap();
+    let request: TokenRequest = serde_json::from_value(
+        json!({"spec": {"expirationSeconds": 3600, "audiences": [arcwright::access::AUDIENCE]}}),
+    )
+    .unwrap();
     let accounts: Api<ServiceAccount> = Api::namespaced(client, namespace);
     let token = accounts
         .create_token_request(name, &post, &request)
