@@ -413,6 +413,30 @@ async fn run_refuses_a_kubeconfig_it_cannot_read() {
     );
 }
 
+/// The arguments of a host of the test's namespace electing its leader
+/// there on a 3 s Lease, then `extra`.
+fn leader_args(env: &TestEnv, extra: &[&str]) -> Vec<String> {
+    let kubeconfig = env.control_plane().kubeconfig_path();
+    let ns = env.namespace();
+    [
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--namespace",
+        ns,
+        "--listen-address",
+        "127.0.0.1:0",
+        "--leader-elect",
+        "--leader-election-namespace",
+        ns,
+        "--lease-duration",
+        "3s",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|arg| (*arg).to_owned())
+    .collect()
+}
+
 /// Two replicas with `--leader-elect`: the leader is killed (SIGKILL, no
 /// clean-up) in the middle of a burst, the standby takes the Lease once it
 /// runs out, listens as soon as the service let the dead leader's session go,
@@ -435,27 +459,9 @@ async fn a_standby_takes_over_from_a_killed_leader() {
         runner_simulator::SimulatorConfig::namespaced(&ns),
     )
     .unwrap();
-    let kubeconfig = env
-        .control_plane()
-        .kubeconfig_path()
-        .to_str()
-        .unwrap()
-        .to_owned();
-    let args = [
-        "--kubeconfig",
-        &kubeconfig,
-        "--namespace",
-        &ns,
-        "--listen-address",
-        "127.0.0.1:0",
-        "--leader-elect",
-        "--leader-election-namespace",
-        &ns,
-        "--lease-duration",
-        "3s",
-        // The fake speaks plain http.
-        "--allow-plain-http",
-    ];
+    // The fake speaks plain http.
+    let args = leader_args(&env, &["--allow-plain-http"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let leases: Api<Lease> = Api::namespaced(env.client(), &ns);
     let holder = || async {
         leases
@@ -553,5 +559,102 @@ async fn a_standby_takes_over_from_a_killed_leader() {
         done.ledger.jobs_cancelled_runner_vanished, 0,
         "{:?}",
         done.ledger
+    );
+}
+
+/// With `--kube-qps`, a burst of the controllers' requests queues behind
+/// the limit; the Lease's renewals go around it, so the leader keeps its
+/// Lease renewed all through the burst instead of stepping down.
+#[tokio::test]
+async fn a_leader_held_to_kube_qps_renews_its_lease_through_a_burst() {
+    use arcwright::api::{EphemeralRunner, EphemeralRunnerSpec};
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Api, PostParams};
+
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let env = TestEnv::new("leader-qps").await;
+    common::install_crds(env.client()).await;
+    let ns = env.namespace().to_owned();
+    let lease_duration = Duration::from_secs(3);
+    let args = leader_args(&env, &["--kube-qps", "1", "--kube-burst", "1"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (_host, _lines) = start_as("host-qps", &args);
+    let leases: Api<Lease> = Api::namespaced(env.client(), &ns);
+    let renewed = || async {
+        leases
+            .get_opt("arcwright-controller")
+            .await
+            .unwrap()
+            .and_then(|lease| lease.spec)
+            .filter(|spec| {
+                spec.holder_identity
+                    .as_deref()
+                    .is_some_and(|h| h.starts_with("host-qps-"))
+            })
+            .and_then(|spec| spec.renew_time)
+            .map(|time| time.0)
+    };
+    eventually("host-qps leads", Duration::from_secs(120), || async {
+        renewed().await.map(|_| ())
+    })
+    .await;
+
+    // Runners whose credentials Secret does not exist: each reconcile adds
+    // a finalizer, reads its pod, Secret and credentials, fails and comes
+    // back, several requests a runner every few seconds at one a second.
+    let runners: Api<EphemeralRunner> = Api::namespaced(env.client(), &ns);
+    let count = 20;
+    for i in 0..count {
+        let spec: EphemeralRunnerSpec = serde_json::from_value(serde_json::json!({
+            "githubConfigUrl": "https://github.com/octo",
+            "githubConfigSecret": "absent",
+            "runnerScaleSetId": 1,
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "runner", "image": "runner:test"}]},
+        }))
+        .unwrap();
+        runners
+            .create(
+                &PostParams::default(),
+                &EphemeralRunner::new(&format!("r-{i}"), spec),
+            )
+            .await
+            .unwrap();
+    }
+    let finalized = || async {
+        runners
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|r| !r.metadata.finalizers.clone().unwrap_or_default().is_empty())
+            .count()
+    };
+    // Watch the renewals over four lease durations of the burst.
+    let mut seen = vec![renewed().await.expect("leading")];
+    let watched = tokio::time::Instant::now();
+    while watched.elapsed() < lease_duration * 4 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = renewed().await.expect("the Lease stays the leader's");
+        if Some(&now) != seen.last() {
+            seen.push(now);
+        }
+    }
+    // The burst was still queued at the end: not every runner has even its
+    // finalizer yet, so the limit held the controllers all along.
+    let with_finalizer = finalized().await;
+    assert!(
+        with_finalizer < count,
+        "the burst drained in {:?}; the test proves nothing",
+        watched.elapsed()
+    );
+    let longest = seen
+        .windows(2)
+        .map(|pair| pair[1].duration_since(pair[0]))
+        .max()
+        .expect("renewed during the burst");
+    assert!(
+        longest < jiff::SignedDuration::try_from(lease_duration * 2 / 3).unwrap(),
+        "a renewal waited {longest} (renewals {seen:?}, {with_finalizer} of {count} runners finalized)"
     );
 }

@@ -252,8 +252,22 @@ impl Component {
 /// What the process shares among its components, created once.
 #[derive(Clone)]
 pub struct Shared {
-    /// The Kubernetes client.
+    /// The Kubernetes client: the controllers', the listeners' and the
+    /// pool's, held to `--kube-qps` when it is set.
     pub client: Client,
+    /// The client of the Leases (the leader's, the shards'). Not held to
+    /// `--kube-qps`: the limit is one first-come queue, and a burst of
+    /// runner writes in it would hold renewals past the renew deadline, so
+    /// a busy leader would step down and again and again hand its scale
+    /// sets to a standby exactly when it has the most work. A renewal is a
+    /// request or two every few seconds, far below any limit.
+    pub coordination: Client,
+    /// The client of the token and access reviews of the hold and
+    /// recording APIs: a budget of its own at the same rate, so callers of
+    /// those APIs neither wait behind the controllers nor take their
+    /// share (each client address is held to its own budget besides,
+    /// [`crate::access::Throttle`]).
+    pub reviews: Client,
     /// The namespaces to watch.
     pub scope: WatchScope,
     /// Where components register their metrics.
@@ -410,6 +424,8 @@ impl Shared {
                 reporter: Arc::new(TracingReporter::new(policy_metrics.clone())),
                 metrics: policy_metrics,
             },
+            coordination: client.clone(),
+            reviews: client.clone(),
             client,
             scope: options.watch.scope(),
             metrics,
@@ -472,8 +488,14 @@ pub fn run(options: RunOptions) -> Result<(), RuntimeError> {
         .map_err(RuntimeError::Setup)?
         .block_on(async {
             let signal = shutdown_signal()?;
-            let client = client(&options.kube.source(), options.kube.rate()).await?;
-            let shared = Shared::new(client, &options)?;
+            let source = options.kube.source();
+            let rate = options.kube.rate();
+            let kube = client(&source, rate).await?;
+            let mut shared = Shared::new(kube.clone(), &options)?;
+            if rate.is_some() {
+                shared.coordination = client(&source, None).await?;
+                shared.reviews = client(&source, rate).await?;
+            }
             let address = options.http.listen_address;
             let listener = TcpListener::bind(address)
                 .await
@@ -597,7 +619,7 @@ impl Runtime {
         let holdings = match shards {
             Some(shards) => Some(
                 shards
-                    .start(shared.client.clone())
+                    .start(shared.coordination.clone())
                     .await
                     .map_err(RuntimeError::Election)?,
             ),
@@ -609,7 +631,7 @@ impl Runtime {
         let mut leadership = match election {
             Some(election) => Some(
                 election
-                    .start(shared.client.clone())
+                    .start(shared.coordination.clone())
                     .await
                     .map_err(RuntimeError::Election)?,
             ),
@@ -619,7 +641,7 @@ impl Runtime {
         let address = listener.local_addr().map_err(RuntimeError::Serve)?;
         let stop_serving = CancellationToken::new();
         let probes = server::router(shared.metrics.clone(), readiness.clone());
-        let held = shared.debug.router(&shared.client, &shared.recordings);
+        let held = shared.debug.router(&shared.reviews, &shared.recordings);
         let (main, separate) = match debug {
             Some(endpoint) => (probes, Some((endpoint, held))),
             None => (probes.merge(held), None),
