@@ -156,8 +156,14 @@ pub struct ListenerHandle {
 impl ListenerHandle {
     /// Stops polling, deletes the message session and waits for the task.
     pub async fn stop(self) -> Result<(), ListenerError> {
-        self.shutdown.cancel();
+        self.cancel();
         self.join().await
+    }
+
+    /// Tells the listener to stop (it deletes its session on the way out)
+    /// without waiting for it: [`Self::join`] does.
+    pub fn cancel(&self) {
+        self.shutdown.cancel();
     }
 
     /// Waits for the task to end (after its shutdown token is cancelled).

@@ -134,14 +134,14 @@ impl Supervisor {
                 .collect()
         };
         let stopped = lost.len();
-        for ((namespace, name), handle) in lost {
+        for (namespace, name) in lost.iter().map(|(key, _)| key) {
             tracing::info!(
                 %namespace,
                 scale_set = %name,
                 "the scale set's shard is no longer held: stopping its listener"
             );
-            finish(&namespace, &name, handle.stop().await);
         }
+        stop_together(lost).await;
         stopped
     }
 
@@ -173,10 +173,12 @@ impl Supervisor {
 
     /// Stops every listener and waits until each has deleted its session.
     pub async fn stop_all(&self) {
-        let all: Vec<_> = self.lock().drain().collect();
-        for ((namespace, name), (_, handle)) in all {
-            finish(&namespace, &name, handle.stop().await);
-        }
+        let all: Vec<_> = self
+            .lock()
+            .drain()
+            .map(|(key, (_, handle))| (key, handle))
+            .collect();
+        stop_together(all).await;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, (ListenerConfig, ListenerHandle)>> {
@@ -209,6 +211,23 @@ impl Supervisor {
             recording: self.recordings.open(&config.namespace, &config.name),
         }
     }
+}
+
+/// Tells every one of `listeners` to stop, then waits for them all at
+/// once. One after another, a thousand listeners each deleting its
+/// session would take a thousand round trips, while a shard lost or a
+/// leadership lost leaves a few seconds before another replica starts
+/// listening for the same scale sets: every session is to be gone by then.
+async fn stop_together(listeners: Vec<(Key, ListenerHandle)>) {
+    for (_, handle) in &listeners {
+        handle.cancel();
+    }
+    futures::future::join_all(listeners.into_iter().map(
+        |((namespace, name), handle)| async move {
+            finish(&namespace, &name, handle.join().await);
+        },
+    ))
+    .await;
 }
 
 fn finish(namespace: &str, name: &str, ended: Result<(), super::ListenerError>) {

@@ -290,14 +290,14 @@ impl Campaign {
                 attempt = tokio::time::timeout(self.timing.renew_deadline, self.try_take()) => attempt,
             };
             match attempt {
-                Ok(Ok(true)) => {
+                Ok(Ok(Some(sent))) => {
                     if last_renewal.is_none() {
                         tracing::info!(identity = %self.identity, "leading");
                     }
-                    last_renewal = Some(Instant::now());
+                    last_renewal = Some(sent);
                     tell.send_replace(true);
                 }
-                Ok(Ok(false)) => {
+                Ok(Ok(None)) => {
                     if last_renewal.take().is_some() {
                         tracing::error!(identity = %self.identity, "another replica holds the Lease");
                         tell.send_replace(false);
@@ -348,10 +348,15 @@ impl Campaign {
     }
 
     /// Reads the Lease and writes this replica in as holder when it may;
-    /// returns whether it holds the Lease now. A write that meets a newer
+    /// returns, if it holds the Lease now, when the write that renewed it
+    /// was sent. That, not when the answer came, is when the renewal
+    /// counts from: the API server may have stored the write, and a
+    /// standby started its clock on it, long before a slow answer arrived,
+    /// and a leader counting from the answer would lead on past the moment
+    /// the standby may take over. A write that meets a newer
     /// Lease (409) is an error: of two replicas taking an expired Lease at
     /// once, one wins and the other reads again next time.
-    async fn try_take(&mut self) -> Result<bool, kube::Error> {
+    async fn try_take(&mut self) -> Result<Option<Instant>, kube::Error> {
         let lease = self.api.get(&self.name).await?;
         let record = Record::of(&lease, self.timing.lease_duration);
         let now = Instant::now();
@@ -363,16 +368,17 @@ impl Campaign {
             }
         };
         if attempt(&record, &self.identity, since) == Attempt::Leave {
-            return Ok(false);
+            return Ok(None);
         }
         let ours = record.holder.as_deref() == Some(self.identity.as_str());
         let spec = holder_spec(&self.identity, self.timing.lease_duration, &lease, !ours);
         // Conditional on the resourceVersion read. Someone wrote the Lease
         // since (409) is a failed attempt, not yet a loss: the next one
         // reads who holds it now.
+        let sent = Instant::now();
         let written = write_if_unchanged(&self.api, &self.name, &lease, spec).await?;
         self.observed = Some((Record::of(&written, self.timing.lease_duration), now));
-        Ok(true)
+        Ok(Some(sent))
     }
 
     /// Gives the Lease up, if this replica still holds it, so the next

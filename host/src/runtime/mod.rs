@@ -628,6 +628,16 @@ impl Runtime {
         if let Some(holdings) = &holdings {
             shared.shards = holdings.shards();
         }
+        // Once leadership is lost, a standby may lead as soon as the Lease
+        // expires for it: the margin left between the renew deadline (when
+        // this replica stepped down) and the lease duration. What still
+        // runs then is aborted, so no write of this replica's lands after
+        // the next leader's first, as controller-runtime, which exits the
+        // process, makes sure too.
+        let lost_margin = election.as_ref().map(|election| {
+            let timing = leader::Timing::of(election.duration);
+            timing.lease_duration.saturating_sub(timing.renew_deadline)
+        });
         let mut leadership = match election {
             Some(election) => Some(
                 election
@@ -752,10 +762,15 @@ impl Runtime {
             }
         }
 
-        // Shutdown: every component told at once, each given the same bound.
+        // Shutdown: every component told at once, each given the same bound
+        // (after a lost leadership, no more than the margin left).
         readiness.shutting_down();
         root.cancel();
-        let drained = tokio::time::timeout(shutdown_timeout, async {
+        let bound = match (&failure, lost_margin) {
+            (Some(RuntimeError::LeadershipLost), Some(margin)) => shutdown_timeout.min(margin),
+            _ => shutdown_timeout,
+        };
+        let drained = tokio::time::timeout(bound, async {
             while let Some(joined) = tasks.join_next_with_id().await {
                 if let Some(error) = finished(&mut names, joined) {
                     tracing::error!("{error} while shutting down");
@@ -769,7 +784,7 @@ impl Runtime {
             still_running.sort_unstable();
             tasks.abort_all();
             let error = RuntimeError::ShutdownTimeout {
-                timeout: shutdown_timeout,
+                timeout: bound,
                 still_running,
             };
             tracing::error!("{error}");

@@ -414,9 +414,12 @@ impl Campaign {
         for shard in decided.renew.iter().chain(&decided.take) {
             let index = *shard as usize;
             let read = shards[index].as_ref().map(|(lease, _)| lease);
+            // Renewed as of the write's sending, not its answer (see
+            // `leader::Campaign::try_take`).
+            let sent = Instant::now();
             match self.write(*shard, read).await {
                 Ok(()) => {
-                    if self.held.insert(*shard, Instant::now()).is_none() {
+                    if self.held.insert(*shard, sent).is_none() {
                         tracing::info!(shard, share, alive, "took a shard");
                     }
                 }
