@@ -804,7 +804,9 @@ fn schemas_and_templates_refuse_bad_values() {
             &["--set", "githubConfigUrl=github.com/my-org"],
             "/githubConfigUrl",
         ),
-        (&["--set", "maxRunner=3"], "maxRunner"),
+        // arcwright's own values know their keys: a misspelt one would run
+        // other runners than meant. (ARC's own ignore theirs, as ARC does.)
+        (&["--set", "debug.holdFailedFr=1h"], "holdFailedFr"),
         (
             &[
                 "--set-json",
@@ -1018,36 +1020,9 @@ fn dind_mode_renders_arcs_pod_merged_with_the_users_template() {
     let init = by_name(&pod["initContainers"]);
     assert_eq!(
         init["init-dind-externals"],
-        json!({
-            "name": "init-dind-externals",
-            "image": "ghcr.io/actions/actions-runner:2.330.0",
-            "command": ["cp"],
-            "args": ["-r", "/home/runner/externals/.", "/home/runner/tmpDir/"],
-            "volumeMounts": [{"name": "dind-externals", "mountPath": "/home/runner/tmpDir"}],
-        })
+        arc_pod::externals("ghcr.io/actions/actions-runner:2.330.0")
     );
-    assert_eq!(
-        init["dind"],
-        json!({
-            "name": "dind",
-            "image": "docker:dind",
-            "args": ["dockerd", "--host=unix:///var/run/docker.sock", "--group=$(DOCKER_GROUP_GID)"],
-            "env": [{"name": "DOCKER_GROUP_GID", "value": "123"}],
-            "securityContext": {"privileged": true},
-            "restartPolicy": "Always",
-            "startupProbe": {
-                "exec": {"command": ["docker", "info"]},
-                "initialDelaySeconds": 0,
-                "failureThreshold": 24,
-                "periodSeconds": 5,
-            },
-            "volumeMounts": [
-                {"name": "work", "mountPath": "/home/runner/_work"},
-                {"name": "dind-sock", "mountPath": "/var/run"},
-                {"name": "dind-externals", "mountPath": "/home/runner/externals"},
-            ],
-        })
-    );
+    assert_eq!(init["dind"], arc_pod::dind());
     let runner = &pod["containers"][0];
     assert_eq!(runner["image"], "ghcr.io/actions/actions-runner:2.330.0");
     assert_eq!(
@@ -1186,6 +1161,365 @@ fn kubernetes_modes_render_the_hooks_their_volume_and_their_rights() {
     named(&objects, "Role", "novolume-runners-kube-mode");
 }
 
+/// What ARC's gha-runner-scale-set chart renders for each container mode,
+/// written from its `_helpers.tpl` as it renders on Kubernetes 1.29 or newer
+/// (dind's sidecar a native one): the parts the expected pods are made of.
+mod arc_pod {
+    use serde_json::{Value, json};
+
+    /// The runner of ARC's (and this chart's) default values.
+    pub fn default_runner() -> Value {
+        json!({"name": "runner", "image": "ghcr.io/actions/actions-runner:latest", "command": ["/home/runner/run.sh"]})
+    }
+
+    /// The work volume the test files bring, which takes the mode's place.
+    pub fn host_work() -> Value {
+        json!({"name": "work", "hostPath": {"path": "/var/lib/runner-work", "type": "Directory"}})
+    }
+
+    pub fn empty_dir(name: &str) -> Value {
+        json!({"name": name, "emptyDir": {}})
+    }
+
+    pub fn mount(name: &str, path: &str) -> Value {
+        json!({"name": name, "mountPath": path})
+    }
+
+    pub fn work_mount() -> Value {
+        mount("work", "/home/runner/_work")
+    }
+
+    pub fn dind_sock_mount() -> Value {
+        mount("dind-sock", "/var/run")
+    }
+
+    /// What dind adds to the runner's variables, after the template's.
+    pub fn docker_env() -> [Value; 2] {
+        [
+            json!({"name": "DOCKER_HOST", "value": "unix:///var/run/docker.sock"}),
+            json!({"name": "RUNNER_WAIT_FOR_DOCKER_IN_SECONDS", "value": "120"}),
+        ]
+    }
+
+    /// What the kubernetes modes add to the runner's variables.
+    pub fn hooks_env(hooks: &str) -> [Value; 3] {
+        [
+            json!({"name": "ACTIONS_RUNNER_CONTAINER_HOOKS", "value": hooks}),
+            json!({"name": "ACTIONS_RUNNER_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}),
+            json!({"name": "ACTIONS_RUNNER_REQUIRE_JOB_CONTAINER", "value": "true"}),
+        ]
+    }
+
+    /// The copy of the runner image's externals for the sidecar.
+    pub fn externals(image: &str) -> Value {
+        json!({
+            "name": "init-dind-externals",
+            "image": image,
+            "command": ["cp"],
+            "args": ["-r", "/home/runner/externals/.", "/home/runner/tmpDir/"],
+            "volumeMounts": [{"name": "dind-externals", "mountPath": "/home/runner/tmpDir"}],
+        })
+    }
+
+    pub fn dind() -> Value {
+        json!({
+            "name": "dind",
+            "image": "docker:dind",
+            "args": ["dockerd", "--host=unix:///var/run/docker.sock", "--group=$(DOCKER_GROUP_GID)"],
+            "env": [{"name": "DOCKER_GROUP_GID", "value": "123"}],
+            "securityContext": {"privileged": true},
+            "restartPolicy": "Always",
+            "startupProbe": {
+                "exec": {"command": ["docker", "info"]},
+                "initialDelaySeconds": 0,
+                "failureThreshold": 24,
+                "periodSeconds": 5,
+            },
+            "volumeMounts": [
+                work_mount(),
+                dind_sock_mount(),
+                mount("dind-externals", "/home/runner/externals"),
+            ],
+        })
+    }
+
+    /// dind's volumes, before the template's others.
+    pub fn dind_volumes(work: Value) -> [Value; 3] {
+        [empty_dir("dind-sock"), empty_dir("dind-externals"), work]
+    }
+
+    pub fn cache_proxy() -> Value {
+        json!({"name": "cache-proxy", "image": "registry.example.com/cache-proxy:1"})
+    }
+
+    /// The variable and mounts the merge test files give their runner.
+    pub fn node_name_env() -> Value {
+        json!({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    }
+
+    pub fn limits() -> Value {
+        json!({"limits": {"cpu": "500m", "memory": "128Mi"}})
+    }
+}
+
+/// The ARC test cases under `tests/arc/values`, each with the runner pod
+/// ARC's chart renders from the same values (its account aside: `ACCOUNT`
+/// stands for `<release>-gha-rs-<kind>` in ARC's, `<release>-<kind>` here),
+/// and whether `arcwright migrate --values` can give it back (a template
+/// with no runner container renders a bare one in ARC, which, once named,
+/// takes the mode's variables on a second render, in ARC's chart as here).
+fn arc_cases() -> Vec<(&'static str, &'static str, Value, bool)> {
+    use arc_pod::*;
+    let runner2 = "registry.example.com/runner:2";
+    let scratch_tools = [empty_dir("scratch"), empty_dir("tools")];
+    // No runner: ARC's is bare; the template's work volume first.
+    let kubernetes_without_runner = json!({
+        "restartPolicy": "Never",
+        "containers": [{"name": "runner"}, cache_proxy()],
+        "volumes": ([&[host_work()][..], &scratch_tools].concat()),
+    });
+    vec![
+        (
+            "counts",
+            "no-permission",
+            json!({"restartPolicy": "Never", "containers": [default_runner()]}),
+            true,
+        ),
+        (
+            "dind-init-containers",
+            "no-permission",
+            json!({
+                "restartPolicy": "Never",
+                "initContainers": [
+                    externals("ghcr.io/actions/actions-runner:latest"),
+                    dind(),
+                    {"name": "fix-permissions", "image": runner2,
+                     "command": ["sudo", "chown", "-R", "1001:123", "/home/runner/_work"],
+                     "volumeMounts": [work_mount()]},
+                    {"name": "list", "image": "busybox:1.36", "command": ["ls"]},
+                ],
+                "containers": [{
+                    "name": "runner", "image": "ghcr.io/actions/actions-runner:latest",
+                    "command": ["/home/runner/run.sh"],
+                    "env": docker_env(),
+                    "volumeMounts": [work_mount(), dind_sock_mount()],
+                }],
+                "volumes": dind_volumes(empty_dir("work")),
+            }),
+            true,
+        ),
+        (
+            "dind-without-runner",
+            "no-permission",
+            json!({
+                "restartPolicy": "Never",
+                // Without a runner, ARC's copy names no image nor command.
+                "initContainers": [{"name": "init-dind-externals"}, dind()],
+                "containers": [{"name": "runner"}, cache_proxy()],
+                "volumes": ([dind_volumes(host_work()).as_slice(), &scratch_tools].concat()),
+            }),
+            false,
+        ),
+        (
+            "dind-merge",
+            "no-permission",
+            json!({
+                "restartPolicy": "Never",
+                "initContainers": [externals(runner2), dind()],
+                "containers": [{
+                    "name": "runner", "image": runner2,
+                    // The template's DOCKER_HOST stays; ARC's wait is added after.
+                    "env": [
+                        {"name": "DOCKER_HOST", "value": "tcp://localhost:2376"},
+                        node_name_env(),
+                        docker_env()[1].clone(),
+                    ],
+                    "volumeMounts": [mount("work", "/work"), mount("scratch", "/scratch"), dind_sock_mount()],
+                    "resources": limits(),
+                }],
+                "volumes": dind_volumes(host_work()),
+            }),
+            true,
+        ),
+        (
+            "mode-none",
+            "no-permission",
+            json!({
+                "restartPolicy": "Never",
+                "containers": [
+                    {"name": "runner", "image": runner2,
+                     "env": [{"name": "TEAM", "value": "platform"}],
+                     "volumeMounts": [mount("work", "/work")],
+                     "resources": {"limits": {"cpu": "500m"}}},
+                    {"name": "cache-proxy", "image": "registry.example.com/cache-proxy:1",
+                     "volumeMounts": [mount("work", "/work")]},
+                ],
+                "volumes": [host_work()],
+                "dnsPolicy": "None",
+                "dnsConfig": {"nameservers": ["198.51.100.53"]},
+            }),
+            true,
+        ),
+        (
+            "pod-spec",
+            "no-permission",
+            json!({
+                "restartPolicy": "Never",
+                "containers": [{"name": "runner", "image": runner2}],
+                "dnsPolicy": "None",
+                "dnsConfig": {"nameservers": ["198.51.100.53"]},
+            }),
+            true,
+        ),
+        (
+            "volumes-no-mode",
+            "no-permission",
+            json!({
+                "restartPolicy": "Never",
+                "containers": [cache_proxy()],
+                "volumes": ([&scratch_tools[..], &[host_work()]].concat()),
+            }),
+            true,
+        ),
+        (
+            "kubernetes-without-runner",
+            "kube-mode",
+            kubernetes_without_runner.clone(),
+            false,
+        ),
+        // The misspelt key changes nothing in the pod.
+        (
+            "kubernetes-misspelt-rules",
+            "kube-mode",
+            kubernetes_without_runner,
+            false,
+        ),
+        (
+            "kubernetes-merge",
+            "kube-mode",
+            json!({
+                "restartPolicy": "Never",
+                "containers": [{
+                    "name": "runner", "image": runner2,
+                    "env": [
+                        {"name": "ACTIONS_RUNNER_CONTAINER_HOOKS", "value": "/opt/hooks/index.js"},
+                        node_name_env(),
+                        hooks_env("")[1].clone(),
+                        hooks_env("")[2].clone(),
+                    ],
+                    "volumeMounts": [mount("work", "/work"), mount("scratch", "/scratch")],
+                    "resources": limits(),
+                }],
+                "volumes": [host_work()],
+            }),
+            true,
+        ),
+        (
+            "novolume-mounts",
+            "kube-mode",
+            json!({
+                "restartPolicy": "Never",
+                "containers": [{
+                    "name": "runner",
+                    "env": ([hooks_env("/home/runner/k8s-novolume/index.js").as_slice(), &[json!({"name": "ACTIONS_RUNNER_IMAGE", "value": ""})]].concat()),
+                    "volumeMounts": [mount("tools", "/opt/tools")],
+                }],
+                "volumes": [empty_dir("tools")],
+            }),
+            true,
+        ),
+        (
+            "novolume-volumes",
+            "kube-mode",
+            json!({
+                "restartPolicy": "Never",
+                "containers": [{
+                    "name": "runner", "image": "ghcr.io/actions/actions-runner:latest",
+                    "command": ["/home/runner/run.sh"],
+                    "env": ([hooks_env("/home/runner/k8s-novolume/index.js").as_slice(), &[json!({"name": "ACTIONS_RUNNER_IMAGE", "value": "ghcr.io/actions/actions-runner:latest"})]].concat()),
+                    // Never null: no mounts at all.
+                    "volumeMounts": [],
+                }],
+                "volumes": [empty_dir("tools")],
+            }),
+            true,
+        ),
+    ]
+}
+
+/// `pod` with the runners' account of `kind` under `release`'s names.
+fn with_account(pod: &Value, account: String) -> Value {
+    let mut pod = pod.clone();
+    pod["serviceAccountName"] = json!(account);
+    pod
+}
+
+#[test]
+fn arc_test_values_render_the_pod_arcs_chart_renders_order_included() {
+    for (name, kind, arc, _) in arc_cases() {
+        let objects = render_arc(name, &[]);
+        let spec = &one(&objects, "AutoscalingRunnerSet")["spec"];
+        assert_eq!(
+            spec["template"]["spec"],
+            with_account(&arc, format!("release-{kind}")),
+            "{name}"
+        );
+        // The scale set's own fields, as the file gives them.
+        let file: Value =
+            serde_yaml::from_str(&std::fs::read_to_string(arc_values(name)).unwrap()).unwrap();
+        assert_eq!(spec["githubConfigUrl"], file["githubConfigUrl"], "{name}");
+        assert_eq!(spec["runnerScaleSetName"], "release", "{name}");
+        assert!(spec.get("runnerGroup").is_none(), "{name}");
+        let min = file.get("minRunners").cloned().unwrap_or(json!(0));
+        assert_eq!(spec["minRunners"], min, "{name}");
+        assert_eq!(spec.get("maxRunners"), file.get("maxRunners"), "{name}");
+        assert_eq!(
+            objects_of(&objects, "Role").is_empty(),
+            kind != "kube-mode",
+            "{name}"
+        );
+    }
+    // The misspelt key grants nothing, as in ARC: the hooks' rules alone.
+    let objects = render_arc("kubernetes-misspelt-rules", &[]);
+    let role = one(&objects, "Role");
+    assert!(
+        !grants(&role["rules"], "apps", "deployments", "create"),
+        "{role}"
+    );
+    assert_eq!(role["rules"].as_array().unwrap().len(), 5, "{role}");
+}
+
+#[test]
+fn arcs_rendered_sets_migrate_to_values_that_render_the_same_pod() {
+    for (name, kind, arc, round_trips) in arc_cases() {
+        if !round_trips {
+            continue;
+        }
+        // The set ARC's chart applies from the file, with its account.
+        let arc_set = json!({
+            "apiVersion": arcwright::migrate::ARC_API_VERSION,
+            "kind": "AutoscalingRunnerSet",
+            "metadata": {"name": "release", "namespace": "arcwright"},
+            "spec": {
+                "githubConfigUrl": "https://github.com/octo-org",
+                "githubConfigSecret": "release-gha-rs-github-secret",
+                "template": {"spec": with_account(&arc, format!("release-gha-rs-{kind}"))},
+            },
+        });
+        let migrated = arcwright::migrate::migrate(&arc_set).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let values = dir.path().join("values.yaml");
+        std::fs::write(&values, serde_yaml::to_string(&migrated.values).unwrap()).unwrap();
+        let objects = render_ok(&scale_set_chart(), &["-f", values.to_str().unwrap()]);
+        assert_eq!(
+            one(&objects, "AutoscalingRunnerSet")["spec"]["template"]["spec"],
+            with_account(&arc, format!("release-{kind}")),
+            "{name}: {}",
+            migrated.values
+        );
+    }
+}
+
 #[test]
 fn proxy_and_ca_values_reach_the_runner_pod_as_arc_sets_them() {
     use arcwright::api::{AutoscalingRunnerSetSpec, EphemeralRunner, EphemeralRunnerSpec};
@@ -1251,7 +1585,10 @@ fn arc_values_files_install_with_what_has_no_meaning_named() {
         "proxy",
         "ca",
         "listener-template",
-    ] {
+    ]
+    .into_iter()
+    .chain(arc_cases().into_iter().map(|(name, ..)| name))
+    {
         render_arc(name, &[]);
     }
     let objects = render_arc("listener-template", &[]);
@@ -1276,8 +1613,38 @@ fn arc_values_files_install_with_what_has_no_meaning_named() {
     let error = scale_set_render(&["--set", "keyVault.type=azure_key_vault"]).unwrap_err();
     assert!(error.contains("keyVault is not supported"), "{error}");
     assert!(error.contains("External Secrets Operator"), "{error}");
-    let error = scale_set_render(&["--set", "containerMode.type=docker"]).unwrap_err();
-    assert!(error.contains("containerMode"), "{error}");
+    // A mode ARC's chart does not know renders none, as ARC renders it, and
+    // a key neither chart reads is left out (the NOTES name both).
+    let objects = scale_set_render(&[
+        "--set",
+        "containerMode.type=docker",
+        "--set",
+        "maxRunner=3",
+        "--set",
+        "proxy.https.url=http://proxy:3128",
+        "--set",
+        "proxy.https.user=me",
+        "--set",
+        "resourceMeta.ephemeralRunner.label.team=ci",
+    ])
+    .unwrap();
+    let spec = &one(&objects, "AutoscalingRunnerSet")["spec"];
+    assert_eq!(
+        spec["template"]["spec"],
+        json!({
+            "restartPolicy": "Never",
+            "containers": [{"name": "runner", "image": "ghcr.io/actions/actions-runner:latest", "command": ["/home/runner/run.sh"]}],
+            "serviceAccountName": "release-no-permission",
+        })
+    );
+    assert!(spec.get("maxRunners").is_none(), "{spec}");
+    assert!(spec.get("podValidationPolicy").is_none(), "{spec}");
+    assert_eq!(
+        spec["proxy"],
+        json!({"https": {"url": "http://proxy:3128"}}),
+        "{spec}"
+    );
+    assert!(spec.get("ephemeralRunnerMetadata").is_none(), "{spec}");
     // Drain protection is opt-in.
     let set = one(&render_arc("dind", &[]), "AutoscalingRunnerSet").clone();
     assert!(set["spec"].get("protectBusyRunners").is_none(), "{set}");
@@ -1328,4 +1695,63 @@ async fn the_notes_say_what_dind_allows_and_what_arc_values_have_no_meaning() {
         assert!(notes.contains(says), "{says} in {notes}");
     }
     assert!(!notes.contains("PRIVILEGED"), "{notes}");
+    // What ARC ignores is named, one line each, and so is a template whose
+    // runner cannot start.
+    for (values, says) in [
+        (
+            "kubernetes-misspelt-rules",
+            "containerMode.kubernetesModeAdditionalRoleRule: a key neither ARC's chart nor this one reads",
+        ),
+        (
+            "kubernetes-misspelt-rules",
+            "containerMode kubernetes adds a bare one, with no image",
+        ),
+        (
+            "mode-none",
+            r#"containerMode.type "none": not a mode ARC's chart knows"#,
+        ),
+        ("dind-without-runner", "has no container named runner"),
+        ("volumes-no-mode", "has no container named runner"),
+        ("novolume-mounts", "The runner container has no image"),
+    ] {
+        let notes = install_notes(&env, values);
+        assert!(notes.contains(says), "{values}: {says} in {notes}");
+    }
+    let notes = install_notes(&env, "dind-merge");
+    assert!(!notes.contains("Ignored"), "{notes}");
+    assert!(!notes.contains("no runner can start"), "{notes}");
+}
+
+/// The keys the NOTES call ignored are those `files/known-values.yaml` does
+/// not list; the schema says what the chart reads, so the two must agree.
+#[test]
+fn the_keys_the_notes_call_ignored_are_those_the_schema_does_not_describe() {
+    let chart = scale_set_chart();
+    let read = |file: &str| std::fs::read_to_string(chart.join(file)).unwrap();
+    let schema: Value = serde_json::from_str(&read("values.schema.json")).unwrap();
+    let known: BTreeMap<String, Vec<String>> =
+        serde_yaml::from_str(&read("files/known-values.yaml")).unwrap();
+    for (path, keys) in &known {
+        let mut node = &schema;
+        for key in path.split('.').filter(|key| !key.is_empty()) {
+            node = &node["properties"][key];
+            if let Some(target) = node["$ref"].as_str() {
+                node = &schema["definitions"][target.rsplit('/').next().unwrap()];
+            }
+            if let Some(object) = node["oneOf"]
+                .as_array()
+                .and_then(|all| all.iter().find(|one| one["type"] == "object"))
+            {
+                node = object;
+            }
+        }
+        let described: BTreeSet<&str> = node["properties"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{path:?} has no properties in the schema"))
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let listed: BTreeSet<&str> = keys.iter().map(String::as_str).collect();
+        assert_eq!(listed, described, "{path:?}");
+    }
 }

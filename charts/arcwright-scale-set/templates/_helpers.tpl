@@ -50,3 +50,34 @@ annotations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/*
+The values ARC's gha-runner-scale-set chart ignores and so this one, one
+line each for the NOTES: keys that files/known-values.yaml does not list, at
+the top and inside ARC's own values (a misspelt key is one: ARC installs the
+file without it, and so does this chart), and a containerMode.type ARC's
+chart does not know (it renders no container mode).
+*/}}
+{{- define "scaleSet.ignoredValues" -}}
+{{- $known := .Files.Get "files/known-values.yaml" | fromYaml }}
+{{- $ignored := list }}
+{{- range $path := keys $known | sortAlpha }}
+{{- $value := $.Values }}
+{{- range $key := compact (splitList "." $path) }}
+{{- $value = get (ternary $value (dict) (kindIs "map" $value)) $key }}
+{{- end }}
+{{- if kindIs "map" $value }}
+{{- range $key := keys $value | sortAlpha }}
+{{- if not (has $key (get $known $path)) }}
+{{- $ignored = append $ignored (printf "%s: a key neither ARC's chart nor this one reads (misspelt?)" (trimPrefix "." (printf "%s.%s" $path $key))) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $type := "" }}
+{{- with .Values.containerMode }}{{ $type = default "" .type }}{{ end }}
+{{- if and $type (not (include "scaleSet.containerMode" .)) }}
+{{- $ignored = append $ignored (printf "containerMode.type %q: not a mode ARC's chart knows (dind, kubernetes, kubernetes-novolume), so, as with ARC, the runners get no container mode" $type) }}
+{{- end }}
+{{- toYaml (dict "lines" $ignored) }}
+{{- end }}

@@ -1,25 +1,37 @@
 {{/*
 The runner pod template: `template` as given, with what `containerMode`
-needs merged in the way ARC's gha-runner-scale-set chart merges it, so an
-ARC values file renders the pod ARC would run.
+needs merged in the way ARC's gha-runner-scale-set chart merges it (as it
+renders on Kubernetes 1.29 or newer, dind's sidecar a native one), so an
+ARC values file renders the pod ARC would run, order included:
 
-What a mode adds never replaces what the template says: an environment
-variable, a volume mount, a volume or an init container the template already
-names is kept as written and the mode's is left out. (ARC does the same for
-variables, mounts and volumes; an init container of the same name as ARC's
-would make ARC render two, which the API server refuses.)
+- containers: in dind and the kubernetes modes the runner container first
+  (the template's, or, as ARC renders it, a bare one named runner, with no
+  image, variables or mounts, if the template has none: the NOTES say so), then the template's others in their
+  order (in dind, a `dind` container of the template's is dropped: the
+  sidecar is an init container); with no mode the template's, unchanged.
+- the runner's env and volumeMounts: the template's in their order, then the
+  mode's the template does not name (kubernetes-novolume: the mounts are the
+  template's, or none).
+- initContainers (dind): init-dind-externals and dind, then the template's.
+- volumes: dind's dind-sock, dind-externals and work, then the template's
+  others; kubernetes' work, then the template's others; kubernetes-novolume
+  and no mode: the template's.
 
-The CA bundle of githubServerTLS.runnerMountPath and the proxy variables are
-not added here: the controller adds them to every runner pod, so they work
-the same for a set applied without this chart.
+A `work` volume of the template's takes the place of the mode's, as in ARC.
+Where ARC would render two items of one name (the template naming an init
+container or volume of the mode's, which no API server accepts in a pod),
+the template's takes the mode's place instead: so a template ARC already
+expanded, as `arcwright migrate --values` writes it, renders unchanged.
+
+A containerMode.type ARC's chart does not know renders no mode, as in ARC
+(the NOTES name it). The CA bundle of githubServerTLS.runnerMountPath and
+the proxy variables are not added here: the controller adds them to every
+runner pod, so they work the same for a set applied without this chart.
 */}}
 {{- define "scaleSet.containerMode" -}}
 {{- $mode := "" }}
 {{- with .Values.containerMode }}{{ $mode = default "" .type }}{{ end }}
-{{- if not (has $mode (list "" "dind" "kubernetes" "kubernetes-novolume")) }}
-{{- fail (printf "containerMode.type %q is not one of dind, kubernetes, kubernetes-novolume" $mode) }}
-{{- end }}
-{{- $mode }}
+{{- if has $mode (list "dind" "kubernetes" "kubernetes-novolume") }}{{ $mode }}{{ end }}
 {{- end }}
 
 {{/* Whether the runners use the runner container hooks (a kubernetes mode). */}}
@@ -41,7 +53,7 @@ the same for a set applied without this chart.
 {{- if not $spec.serviceAccountName }}true{{ end }}
 {{- end }}
 
-{{/* `add`'s items whose names `to` has not, appended to `to`. */}}
+{{/* The template's items (`to`), then those of `add` whose names it has not: how ARC adds a mode's variables and mounts. */}}
 {{- define "scaleSet.addByName" -}}
 {{- $to := index . 0 }}
 {{- $names := list }}
@@ -52,67 +64,93 @@ the same for a set applied without this chart.
 {{- toYaml (dict "items" $to) }}
 {{- end }}
 
+{{/* The mode's items (`ours`), each replaced by the template's of its name, then the template's others in their order: how ARC places a mode's init containers and volumes. */}}
+{{- define "scaleSet.placeByName" -}}
+{{- $ours := index . 0 }}
+{{- $theirs := index . 1 }}
+{{- $placed := list }}
+{{- $names := list }}
+{{- range $item := $ours }}
+{{- $names = append $names $item.name }}
+{{- $pick := $item }}
+{{- range $theirs }}{{ if eq .name $item.name }}{{ $pick = . }}{{ end }}{{ end }}
+{{- $placed = append $placed $pick }}
+{{- end }}
+{{- range $theirs }}
+{{- if not (has .name $names) }}{{ $placed = append $placed . }}{{ end }}
+{{- end }}
+{{- toYaml (dict "items" $placed) }}
+{{- end }}
+
 {{- define "scaleSet.runnerPodTemplate" -}}
 {{- $mode := include "scaleSet.containerMode" . }}
 {{- $containerMode := default (dict) .Values.containerMode }}
 {{- $template := deepCopy (default (dict) .Values.template) }}
 {{- $spec := default (dict) $template.spec }}
-{{- $runnerImage := "ghcr.io/actions/actions-runner:latest" }}
 {{- $work := dict "name" "work" "mountPath" "/home/runner/_work" }}
+{{- $runner := dict }}
+{{- range default (list) $spec.containers }}
+{{- if and (eq .name "runner") (not $runner) }}{{ $runner = . }}{{ end }}
+{{- end }}
 
-{{- /* The runner container: the mode's variables and mounts. */}}
+{{- if $mode }}
+{{- /* The runner container: the mode's variables and mounts after the template's. */}}
 {{- $env := list }}
 {{- $mounts := list }}
 {{- if eq $mode "dind" }}
 {{- $env = list (dict "name" "DOCKER_HOST" "value" "unix:///var/run/docker.sock") (dict "name" "RUNNER_WAIT_FOR_DOCKER_IN_SECONDS" "value" "120") }}
 {{- $mounts = list $work (dict "name" "dind-sock" "mountPath" "/var/run") }}
-{{- else if include "scaleSet.kubernetesMode" . }}
+{{- else }}
 {{- $hooks := ternary "/home/runner/k8s/index.js" "/home/runner/k8s-novolume/index.js" (eq $mode "kubernetes") }}
 {{- $env = list (dict "name" "ACTIONS_RUNNER_CONTAINER_HOOKS" "value" $hooks) (dict "name" "ACTIONS_RUNNER_POD_NAME" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.name"))) (dict "name" "ACTIONS_RUNNER_REQUIRE_JOB_CONTAINER" "value" "true") }}
-{{- if eq $mode "kubernetes" }}{{ $mounts = list $work }}{{ end }}
+{{- if eq $mode "kubernetes" }}
+{{- $mounts = list $work }}
+{{- else }}
+{{- /* The hooks start each job's pod from the runner's image. */}}
+{{- $env = append $env (dict "name" "ACTIONS_RUNNER_IMAGE" "value" (default "" $runner.image)) }}
 {{- end }}
-{{- $containers := list }}
-{{- range $container := default (list) $spec.containers }}
-{{- if eq $container.name "runner" }}
-{{- with $container.image }}{{ $runnerImage = . }}{{ end }}
-{{- $withEnv := (include "scaleSet.addByName" (list (default (list) $container.env) $env) | fromYaml).items }}
-{{- if $withEnv }}{{ $_ := set $container "env" $withEnv }}{{ end }}
-{{- $withMounts := (include "scaleSet.addByName" (list (default (list) $container.volumeMounts) $mounts) | fromYaml).items }}
-{{- if $withMounts }}{{ $_ := set $container "volumeMounts" $withMounts }}{{ end }}
 {{- end }}
-{{- $containers = append $containers $container }}
+{{- $merged := dict "name" "runner" }}
+{{- if $runner }}
+{{- $merged = deepCopy $runner }}
+{{- $_ := set $merged "env" (include "scaleSet.addByName" (list (default (list) $runner.env) $env) | fromYaml).items }}
+{{- $_ := set $merged "volumeMounts" (default (list) (include "scaleSet.addByName" (list (default (list) $runner.volumeMounts) $mounts) | fromYaml).items) }}
+{{- end }}
+{{- $containers := list $merged }}
+{{- range default (list) $spec.containers }}
+{{- if not (or (eq .name "runner") (and (eq $mode "dind") (eq .name "dind"))) }}{{ $containers = append $containers . }}{{ end }}
 {{- end }}
 {{- $_ := set $spec "containers" $containers }}
+{{- end }}
 
-{{- /* dind: the externals copied for the sidecar, and the sidecar itself. */}}
+{{- /* dind: the externals copied for the sidecar, the sidecar, then the template's init containers. */}}
 {{- if eq $mode "dind" }}
-{{- $externals := dict "name" "init-dind-externals" "image" $runnerImage "command" (list "cp") "args" (list "-r" "/home/runner/externals/." "/home/runner/tmpDir/") "volumeMounts" (list (dict "name" "dind-externals" "mountPath" "/home/runner/tmpDir")) }}
+{{- $externals := dict "name" "init-dind-externals" }}
+{{- if $runner }}
+{{- $externals = dict "name" "init-dind-externals" "command" (list "cp") "args" (list "-r" "/home/runner/externals/." "/home/runner/tmpDir/") "volumeMounts" (list (dict "name" "dind-externals" "mountPath" "/home/runner/tmpDir")) }}
+{{- with $runner.image }}{{ $_ := set $externals "image" . }}{{ end }}
+{{- end }}
 {{- $probe := dict "exec" (dict "command" (list "docker" "info")) "initialDelaySeconds" 0 "failureThreshold" 24 "periodSeconds" 5 }}
 {{- $dind := dict "name" "dind" "image" "docker:dind" "args" (list "dockerd" "--host=unix:///var/run/docker.sock" "--group=$(DOCKER_GROUP_GID)") "env" (list (dict "name" "DOCKER_GROUP_GID" "value" "123")) "securityContext" (dict "privileged" true) "restartPolicy" "Always" "startupProbe" $probe "volumeMounts" (list $work (dict "name" "dind-sock" "mountPath" "/var/run") (dict "name" "dind-externals" "mountPath" "/home/runner/externals")) }}
-{{- $user := default (list) $spec.initContainers }}
-{{- /* A dind the template already runs, as an init container or (older ARC) a container, is kept instead of ours. */}}
-{{- $names := list }}
-{{- range $user }}{{ $names = append $names .name }}{{ end }}
-{{- range $spec.containers }}{{ $names = append $names .name }}{{ end }}
-{{- $ours := list }}
-{{- range (list $externals $dind) }}{{ if not (has .name $names) }}{{ $ours = append $ours . }}{{ end }}{{ end }}
-{{- $_ := set $spec "initContainers" (concat $ours $user) }}
+{{- $_ := set $spec "initContainers" (include "scaleSet.placeByName" (list (list $externals $dind) (default (list) $spec.initContainers)) | fromYaml).items }}
 {{- end }}
 
-{{- /* The volumes the mode mounts. */}}
-{{- $volumes := list }}
+{{- /* The volumes the mode mounts, before the template's others. */}}
+{{- $volumes := default (list) $spec.volumes }}
 {{- if eq $mode "dind" }}
-{{- $volumes = list (dict "name" "dind-sock" "emptyDir" (dict)) (dict "name" "dind-externals" "emptyDir" (dict)) (dict "name" "work" "emptyDir" (dict)) }}
+{{- $volumes = (include "scaleSet.placeByName" (list (list (dict "name" "dind-sock" "emptyDir" (dict)) (dict "name" "dind-externals" "emptyDir" (dict)) (dict "name" "work" "emptyDir" (dict))) $volumes) | fromYaml).items }}
 {{- else if eq $mode "kubernetes" }}
 {{- $named := list }}
-{{- range default (list) $spec.volumes }}{{ $named = append $named .name }}{{ end }}
+{{- range $volumes }}{{ $named = append $named .name }}{{ end }}
+{{- $claim := dict }}
 {{- if not (has "work" $named) }}
-{{- $claim := required "containerMode.kubernetesModeWorkVolumeClaim is required with containerMode.type=kubernetes (or a volume named work in template.spec.volumes), e.g. {accessModes: [ReadWriteOnce], storageClassName: standard, resources: {requests: {storage: 1Gi}}}" $containerMode.kubernetesModeWorkVolumeClaim }}
-{{- $volumes = list (dict "name" "work" "ephemeral" (dict "volumeClaimTemplate" (dict "spec" $claim))) }}
+{{- $claim = required "containerMode.kubernetesModeWorkVolumeClaim is required with containerMode.type=kubernetes (or a volume named work in template.spec.volumes), e.g. {accessModes: [ReadWriteOnce], storageClassName: standard, resources: {requests: {storage: 1Gi}}}" $containerMode.kubernetesModeWorkVolumeClaim }}
 {{- end }}
+{{- $volumes = (include "scaleSet.placeByName" (list (list (dict "name" "work" "ephemeral" (dict "volumeClaimTemplate" (dict "spec" $claim)))) $volumes) | fromYaml).items }}
 {{- end }}
-{{- $withVolumes := (include "scaleSet.addByName" (list (default (list) $spec.volumes) $volumes) | fromYaml).items }}
-{{- if $withVolumes }}{{ $_ := set $spec "volumes" $withVolumes }}{{ end }}
+{{- if or $volumes (eq $mode "kubernetes-novolume") }}
+{{- $_ := set $spec "volumes" (default (list) $volumes) }}
+{{- end }}
 
 {{- /* The runners' ServiceAccount: the template's, else one with no rights, or the hooks' in a kubernetes mode. */}}
 {{- if include "scaleSet.createsServiceAccount" . }}
