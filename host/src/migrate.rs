@@ -14,7 +14,8 @@
 //! named again (`containerMode`), which makes the chart create what ARC's
 //! chart made beside the template (the hooks' ServiceAccount and Role, the
 //! pod-validation setting for dind), and the chart's merge adds nothing
-//! the template already has.
+//! the template already has: an init container or volume of the mode's
+//! that the template names stays where ARC's chart put it.
 
 use serde_json::{Map, Value, json};
 
@@ -254,6 +255,11 @@ pub fn migrate(arc: &Value) -> Result<Migrated, MigrateError> {
             values.insert(ours.to_owned(), value.clone());
         }
     }
+    if mode == Some("dind") && sidecar_to_init_container(&mut template) {
+        notes.push(
+            "the template runs dind as a container (ARC's chart before Kubernetes 1.29): the chart values make it an init container with restartPolicy: Always (a native sidecar), where the chart's dind mode runs it, its settings kept".to_owned(),
+        );
+    }
     values.insert("template".to_owned(), template);
     if let Some(mode) = mode {
         values.insert("containerMode".to_owned(), json!({"type": mode}));
@@ -325,6 +331,30 @@ fn container_mode(template: &Value) -> Option<&'static str> {
         None if all.iter().any(|c| c["name"] == "dind") => Some("dind"),
         None => None,
     }
+}
+
+/// Moves the `dind` container of `template` (where ARC's chart ran the
+/// sidecar before Kubernetes 1.29) to its init containers as a native
+/// sidecar, since the chart's dind mode drops a `dind` container as ARC's
+/// does and runs the template's `dind` init container in its sidecar's
+/// place. Whether there was one.
+fn sidecar_to_init_container(template: &mut Value) -> bool {
+    let Some(spec) = template["spec"].as_object_mut() else {
+        return false;
+    };
+    let Some(containers) = spec.get_mut("containers").and_then(Value::as_array_mut) else {
+        return false;
+    };
+    let Some(at) = containers.iter().position(|c| c["name"] == "dind") else {
+        return false;
+    };
+    let mut dind = containers.remove(at);
+    dind["restartPolicy"] = json!("Always");
+    let init = spec.entry("initContainers").or_insert_with(|| json!([]));
+    if let Some(init) = init.as_array_mut() {
+        init.push(dind);
+    }
+    true
 }
 
 /// Whether any container of `template` is privileged.
@@ -467,6 +497,39 @@ mod tests {
                     .is_none()
             );
         }
+    }
+
+    #[test]
+    fn a_dind_container_of_arc_before_kubernetes_1_29_becomes_the_sidecar_the_chart_keeps() {
+        let mut dind = basic();
+        let sidecar = json!({"name": "dind", "image": "docker:24-dind", "args": ["dockerd", "--mtu=1400"], "securityContext": {"privileged": true}});
+        dind["template"]["spec"]["containers"]
+            .as_array_mut()
+            .unwrap()
+            .push(sidecar.clone());
+        dind["template"]["spec"]["initContainers"] = json!([{"name": "init-dind-externals", "image": "ghcr.io/actions/actions-runner:latest"}]);
+        let migrated = migrate(&arc(dind)).unwrap();
+        assert_eq!(migrated.values["containerMode"], json!({"type": "dind"}));
+        let pod = &migrated.values["template"]["spec"];
+        let names = |key: &str| -> Vec<String> {
+            pod[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["name"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(names("containers"), ["runner"]);
+        assert_eq!(names("initContainers"), ["init-dind-externals", "dind"]);
+        let mut native = sidecar;
+        native["restartPolicy"] = json!("Always");
+        assert_eq!(pod["initContainers"][1], native, "its settings kept");
+        assert!(migrated.notes.join("\n").contains("native sidecar"));
+        // The manifest is ARC's pod as it ran.
+        assert_eq!(
+            migrated.manifest["spec"]["template"]["spec"]["containers"][1]["name"],
+            "dind"
+        );
     }
 
     #[test]
