@@ -1559,3 +1559,56 @@ async fn every_endpoint_is_exercised() {
         assert!(counters.calls(endpoint) > 0, "{endpoint} was never called");
     }
 }
+
+/// `--actions-hosts`: a configuration URL on a host the operator did not
+/// list builds no client, and a service URL the server hands out on a host
+/// that is neither the configuration's nor listed is never called, so the
+/// controller cannot be aimed at the cluster's own addresses.
+#[tokio::test]
+async fn only_listed_hosts_and_the_services_own_are_called() {
+    use arcwright::actions::hosts::HostPolicy;
+    let fake = start(FakeConfig::default()).await;
+    let listed = |entries: &[&str]| ClientOptions {
+        hosts: HostPolicy::from_entries(entries).unwrap(),
+        ..fast_options()
+    };
+
+    // The fake is not on the default list.
+    let refused = ActionsClient::new(
+        ConfigUrl::parse(&fake.org_url("octo")).unwrap(),
+        Credentials::Token(Secret::new(fake.pat())),
+        listed(&["github.com", "*.ghe.com"]),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&refused, ActionsError::InvalidConfigUrl { reason, .. } if reason.contains("--actions-hosts")),
+        "{refused}"
+    );
+
+    // Listed, by its address: its service URLs are its own, and it works.
+    let client = pat_client_with(&fake, &fake.org_url("octo"), listed(&["127.0.0.1"]));
+    create_scale_set(&client, "listed").await;
+
+    // Reached as localhost, the service it names is at 127.0.0.1, which is
+    // neither the configuration's host nor listed: the bootstrap stops there.
+    let port = fake.addr().port();
+    let by_name = pat_client_with(
+        &fake,
+        &format!("http://localhost:{port}/octo"),
+        listed(&["localhost"]),
+    );
+    let before = calls(&fake, Endpoint::GetRunnerGroupByName);
+    let error = by_name
+        .get_runner_group_by_name("Default")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, ActionsError::HostRefused { host, .. } if host == "127.0.0.1"),
+        "{error}"
+    );
+    assert_eq!(
+        calls(&fake, Endpoint::GetRunnerGroupByName),
+        before,
+        "nothing was sent to the refused host"
+    );
+}

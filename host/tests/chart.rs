@@ -268,7 +268,7 @@ fn every_run_flag_has_a_chart_value() {
         &controller_chart(),
         &[
             "--set-json",
-            r#"flags={"kubeQps":20,"kubeBurst":30,"unregistrationWorkers":12,"runnerFailureLimit":3,"runnerFailureBackoff":"500ms","registrationTimeout":"20m","maxRunnersPerScaleSet":250,"messageBatchWindow":"250ms","actionsCallTimeout":"5s","actionsMessageTimeout":"70s","shutdownTimeout":"50s","leaseDuration":"20s","recordingEntries":0,"recordingBytes":"1Mi","recordingTotalBytes":"8Mi","allowPlainHttp":true}"#,
+            r#"flags={"kubeQps":20,"kubeBurst":30,"unregistrationWorkers":12,"runnerFailureLimit":3,"runnerFailureBackoff":"500ms","registrationTimeout":"20m","maxRunnersPerScaleSet":250,"messageBatchWindow":"250ms","actionsCallTimeout":"5s","actionsMessageTimeout":"70s","shutdownTimeout":"50s","leaseDuration":"20s","recordingEntries":0,"recordingBytes":"1Mi","recordingTotalBytes":"8Mi","actionsHosts":"github.com,*.ghe.com,ghes.corp.example","allowPlainHttp":true}"#,
             "--set",
             "terminationGracePeriodSeconds=60",
             "--set",
@@ -295,6 +295,10 @@ fn every_run_flag_has_a_chart_value() {
         Duration::from_secs(70)
     );
     assert!(parsed.actions.allow_plain_http);
+    assert_eq!(
+        parsed.actions.actions_hosts,
+        ["github.com", "*.ghe.com", "ghes.corp.example"]
+    );
     assert_eq!(parsed.shutdown.shutdown_timeout, Duration::from_secs(50));
     assert_eq!(parsed.election.lease_duration, Duration::from_secs(20));
     assert_eq!(parsed.election.shards, 4);

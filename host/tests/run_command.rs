@@ -459,8 +459,11 @@ async fn a_standby_takes_over_from_a_killed_leader() {
         runner_simulator::SimulatorConfig::namespaced(&ns),
     )
     .unwrap();
-    // The fake speaks plain http.
-    let args = leader_args(&env, &["--allow-plain-http"]);
+    // The fake speaks plain http, on loopback.
+    let args = leader_args(
+        &env,
+        &["--allow-plain-http", "--actions-hosts", "127.0.0.1"],
+    );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let leases: Api<Lease> = Api::namespaced(env.client(), &ns);
     let holder = || async {

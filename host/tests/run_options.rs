@@ -49,6 +49,7 @@ const VARS: &[&str] = &[
     "ARCWRIGHT_ALLOW_PLAIN_HTTP",
     "ARCWRIGHT_ACTIONS_CALL_TIMEOUT",
     "ARCWRIGHT_ACTIONS_MESSAGE_TIMEOUT",
+    "ARCWRIGHT_ACTIONS_HOSTS",
     "ARCWRIGHT_DEBUG_LISTEN_ADDRESS",
     "ARCWRIGHT_DEBUG_TLS_CERT_FILE",
     "ARCWRIGHT_DEBUG_TLS_KEY_FILE",
@@ -117,6 +118,7 @@ fn expected() -> RunOptions {
             allow_plain_http: true,
             actions_call_timeout: Duration::from_secs(5),
             actions_message_timeout: Duration::from_secs(70),
+            actions_hosts: vec!["github.com".into(), "ghes.corp.example".into()],
         },
         shutdown: ShutdownOptions {
             shutdown_timeout: Duration::from_secs(90),
@@ -187,6 +189,8 @@ fn every_flag_is_read() {
             "5s",
             "--actions-message-timeout",
             "70s",
+            "--actions-hosts",
+            "github.com,ghes.corp.example",
             "--shutdown-timeout",
             "1m30s",
             "--leader-elect",
@@ -247,6 +251,7 @@ fn every_flag_falls_back_to_its_environment_variable() {
             ("ARCWRIGHT_ALLOW_PLAIN_HTTP", "true"),
             ("ARCWRIGHT_ACTIONS_CALL_TIMEOUT", "5s"),
             ("ARCWRIGHT_ACTIONS_MESSAGE_TIMEOUT", "70s"),
+            ("ARCWRIGHT_ACTIONS_HOSTS", "github.com,ghes.corp.example"),
             ("ARCWRIGHT_SHUTDOWN_TIMEOUT", "90s"),
             ("ARCWRIGHT_LEADER_ELECT", "true"),
             ("ARCWRIGHT_LEADER_ELECTION_NAMESPACE", "arcwright-system"),
@@ -312,6 +317,10 @@ fn a_bad_environment_value_is_refused_with_its_reason() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("\"Prod\" is not a namespace name"), "{err}");
+    let err = parse(&["--actions-hosts", "github.com,https://ghes/"], &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is not a host name"), "{err}");
 }
 
 /// The operations guide's table of flags (`docs/operations.md`) names every

@@ -191,6 +191,9 @@ pub struct ClientOptions {
     /// because a manifest said `http://`. Tests and labs against a local
     /// fake turn it on.
     pub allow_plain_http: bool,
+    /// The hosts calls may go to ([`super::hosts`]): every host unless
+    /// told; `arcwright run` always tells.
+    pub hosts: super::hosts::HostPolicy,
 }
 
 impl Default for ClientOptions {
@@ -204,6 +207,7 @@ impl Default for ClientOptions {
             proxy: None,
             metrics: ActionsMetrics::default(),
             allow_plain_http: false,
+            hosts: super::hosts::HostPolicy::Any,
         }
     }
 }
@@ -532,6 +536,12 @@ impl ActionsClient {
                     .into(),
             });
         }
+        if let Err(reason) = options.hosts.check_config(config_url.url()) {
+            return Err(ActionsError::InvalidConfigUrl {
+                url: config_url.url().to_string(),
+                reason,
+            });
+        }
         let http = build_http(&options)?;
         let user_agent =
             HeaderValue::from_str(&options.system_info.user_agent()).map_err(|_| {
@@ -584,6 +594,17 @@ impl ActionsClient {
             return Err(ActionsError::PlainHttpRefused {
                 operation: call.operation,
                 url: shown.to_string(),
+            });
+        }
+        if !self
+            .inner
+            .options
+            .hosts
+            .allows_call(self.inner.config_url.url(), &call.url)
+        {
+            return Err(ActionsError::HostRefused {
+                operation: call.operation,
+                host: call.url.host_str().unwrap_or_default().to_owned(),
             });
         }
 

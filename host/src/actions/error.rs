@@ -215,6 +215,21 @@ pub enum ActionsError {
         url: String,
     },
 
+    /// The service handed out a URL on a host it does not use for itself
+    /// and the operator did not allow ([`super::hosts`]): the call was not
+    /// made, so a server a tenant pointed the controller at cannot send it
+    /// on to the cluster's own addresses.
+    #[error(
+        "{operation}: refusing to call {host}, which is not one of the Actions service's hosts \
+         (the operator's --actions-hosts allows more)"
+    )]
+    HostRefused {
+        /// The call that was refused.
+        operation: Operation,
+        /// The host it would have gone to.
+        host: String,
+    },
+
     /// A successful response did not have the expected shape.
     #[error("{operation}: the response cannot be decoded: {reason}")]
     Decode {
@@ -251,6 +266,7 @@ impl ActionsError {
             Self::Decode { .. } => "decode",
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::PlainHttpRefused { .. } => "plain_http_refused",
+            Self::HostRefused { .. } => "host_refused",
         }
     }
 
@@ -271,8 +287,11 @@ impl ActionsError {
 /// the body is read as `{typeName, message}` and the `typeName` is matched by
 /// substring, because the service sends fully qualified names such as
 /// `GitHub.Actions.Runtime.WebApi.RunnerScaleSetSessionExpiredException,
-/// GitHub.Actions.Runtime.WebApi`. A body that is neither keeps its raw text
-/// as the message, so an HTML error page from a proxy is still readable.
+/// GitHub.Actions.Runtime.WebApi`. A body that is neither (an HTML page from
+/// a proxy, JSON without a `message`) is described, never repeated: the
+/// message ends up in a scale set's status and events, which a tenant reads,
+/// and a body repeated there would carry whatever the server that answered
+/// had to say back to the tenant who chose the URL.
 ///
 /// A few statuses carry meaning without a `typeName`: 404 on a call addressed
 /// to one scale set means the scale set is gone, and 404 on a session call
@@ -287,16 +306,27 @@ pub(crate) fn classify_response(
     retries: u32,
 ) -> ActionsError {
     let body = strip_bom(body);
-    let text = String::from_utf8_lossy(body).trim().to_string();
+    let described = || {
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return String::new();
+        }
+        format!(
+            "(an answer of {} bytes{} that is not the service's error)",
+            body.len(),
+            content_type
+                .map(|c| format!(", {}", c.split(';').next().unwrap_or(c).trim()))
+                .unwrap_or_default()
+        )
+    };
     let (type_name, message) = if content_type.is_some_and(|c| c.contains("text/plain")) {
-        (None, text)
+        (None, String::from_utf8_lossy(body).trim().to_string())
     } else {
         match serde_json::from_slice::<ExceptionBody>(body) {
             Ok(ExceptionBody { type_name, message }) => {
-                let message = message.filter(|m| !m.is_empty()).unwrap_or(text);
+                let message = message.filter(|m| !m.is_empty()).unwrap_or_else(described);
                 (type_name.filter(|t| !t.is_empty()), message)
             }
-            Err(_) => (None, text),
+            Err(_) => (None, described()),
         }
     };
     let message = readable(message);
@@ -487,12 +517,16 @@ mod tests {
             err.to_string().ends_with("(the service gave no message)"),
             "{err}"
         );
-        // JSON without a message keeps the body, so nothing is lost.
+        // JSON without a message is described by its size, not repeated.
         let err = classify(Operation::DeleteScaleSet, 400, JSON, r#"{"error":"x"}"#);
-        assert!(err.to_string().contains(r#"{"error":"x"}"#), "{err}");
+        assert!(
+            err.to_string()
+                .contains("an answer of 13 bytes, application/json"),
+            "{err}"
+        );
         let page = "é".repeat(5000);
         let ActionsError::Status { message, .. } =
-            classify(Operation::GetScaleSet, 502, Some("text/html"), &page)
+            classify(Operation::GetScaleSet, 502, Some("text/plain"), &page)
         else {
             panic!("expected Status")
         };
@@ -501,17 +535,27 @@ mod tests {
     }
 
     #[test]
-    fn unparsable_body_is_kept_as_text() {
+    fn a_body_that_is_not_the_services_error_is_described_not_repeated() {
         let err = classify(
             Operation::GetRunnerGroup,
             502,
-            Some("text/html"),
-            "<html>bad gateway</html>",
+            Some("text/html; charset=utf-8"),
+            "<html>internal: db-password=hunter2</html>",
         );
+        let text = err.to_string();
+        assert!(!text.contains("hunter2"), "{text}");
         assert!(
-            err.to_string().contains("<html>bad gateway</html>"),
-            "{err}"
+            text.contains("an answer of 42 bytes, text/html that is not the service's error"),
+            "{text}"
         );
+        // JSON without a message, as a metadata endpoint answers.
+        let err = classify(
+            Operation::GetRunnerGroup,
+            200,
+            JSON,
+            r#"{"AccessKeyId": "AKIA", "SecretAccessKey": "s3cr3t"}"#,
+        );
+        assert!(!err.to_string().contains("s3cr3t"), "{err}");
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod auth;
 pub(crate) mod client;
 pub mod config_url;
 pub(crate) mod error;
+pub mod hosts;
 pub mod metrics;
 mod operation;
 pub mod retry;

@@ -129,6 +129,7 @@ pub fn recovery(error: &ActionsError) -> Recovery {
         | E::Decode { .. }
         | E::BodyTooLarge { .. }
         | E::PlainHttpRefused { .. }
+        | E::HostRefused { .. }
         | E::InvalidConfigUrl { .. }
         | E::ClientSetup(_)
         | E::RunnerExists { .. }

@@ -399,6 +399,7 @@ impl Shared {
         let actions = ClientOptions {
             metrics: metrics.register(ActionsMetrics::register),
             allow_plain_http: options.actions.allow_plain_http,
+            hosts: options.actions.host_policy(),
             timeout: options.actions.actions_call_timeout,
             message_timeout: options.actions.actions_message_timeout,
             ..ClientOptions::default()
@@ -906,6 +907,7 @@ mod tests {
                 allow_plain_http: false,
                 actions_call_timeout: Duration::from_secs(30),
                 actions_message_timeout: Duration::from_secs(90),
+                actions_hosts: vec!["github.com".into()],
             },
             shutdown: ShutdownOptions {
                 shutdown_timeout: Duration::from_secs(10),

@@ -436,6 +436,39 @@ pub struct ActionsOptions {
         value_parser = parse_positive_duration
     )]
     pub actions_message_timeout: Duration,
+    /// The hosts a scale set's `githubConfigUrl` may name, comma-separated:
+    /// a host name or address as it is, or `*.DOMAIN` for its subdomains;
+    /// `*` alone allows any. A GitHub Enterprise Server is added by its
+    /// host. Service URLs the Actions service hands out must be its own
+    /// (the configuration host and its subdomains,
+    /// `*.actions.githubusercontent.com`) or listed here, so a tenant's URL
+    /// cannot aim the controller at the cluster's own addresses.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_ACTIONS_HOSTS",
+        value_name = "HOSTS",
+        value_delimiter = ',',
+        default_value = "github.com,*.ghe.com",
+        value_parser = parse_host_entry
+    )]
+    pub actions_hosts: Vec<String>,
+}
+
+impl ActionsOptions {
+    /// The host policy `--actions-hosts` describes.
+    pub fn host_policy(&self) -> crate::actions::hosts::HostPolicy {
+        // Each entry was parsed when the flag was read.
+        crate::actions::hosts::HostPolicy::from_entries(&self.actions_hosts)
+            .unwrap_or(crate::actions::hosts::HostPolicy::Listed(Vec::new()))
+    }
+}
+
+/// One `--actions-hosts` entry, checked as it is read.
+fn parse_host_entry(text: &str) -> Result<String, String> {
+    if text.trim() != "*" {
+        crate::actions::hosts::HostPattern::parse(text)?;
+    }
+    Ok(text.trim().to_owned())
 }
 
 /// How much work runs at once.

@@ -106,8 +106,8 @@ pub struct Usage {
 
 impl HostProcess {
     /// Starts `binary run --kubeconfig K --namespace NS --listen-address
-    /// 127.0.0.1:0 --log-format json --allow-plain-http` (the fake speaks
-    /// plain http) plus `extra`, with `env` added to its environment,
+    /// 127.0.0.1:0 --log-format json --allow-plain-http --actions-hosts
+    /// 127.0.0.1` (the fake speaks plain http on loopback) plus `extra`, with `env` added to its environment,
     /// output to `log`, and waits until it says where it serves.
     pub async fn start(
         binary: &Path,
@@ -128,6 +128,8 @@ impl HostProcess {
             "--log-format",
             "json",
             "--allow-plain-http",
+            "--actions-hosts",
+            "127.0.0.1",
         ]
         .map(str::to_owned)
         .to_vec();

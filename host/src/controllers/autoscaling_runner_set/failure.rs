@@ -75,9 +75,10 @@ fn credentials_reason(error: &CredentialsError) -> Option<StalledReason> {
 fn actions_reason(error: &ActionsError) -> StalledReason {
     use ActionsError as E;
     match error {
-        E::InvalidConfigUrl { .. } | E::ClientSetup(_) | E::PlainHttpRefused { .. } => {
-            StalledReason::ConnectionSettingsInvalid
-        }
+        E::InvalidConfigUrl { .. }
+        | E::ClientSetup(_)
+        | E::PlainHttpRefused { .. }
+        | E::HostRefused { .. } => StalledReason::ConnectionSettingsInvalid,
         E::InvalidCredentials(_) | E::AdminTokenExpired { .. } | E::InvalidAdminToken(_) => {
             StalledReason::CredentialsUnusable
         }
