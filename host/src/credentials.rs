@@ -622,7 +622,7 @@ fn build_client(
         ..options.clone()
     };
     let actions = |source| CredentialsError::Actions {
-        config_url: target.config_url.clone(),
+        config_url: crate::actions::config_url::shown(&target.config_url),
         source,
     };
     let config_url = ConfigUrl::parse(&target.config_url).map_err(actions)?;

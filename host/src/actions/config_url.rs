@@ -42,6 +42,34 @@ pub struct ConfigUrl {
     hosted: bool,
 }
 
+/// A configuration URL as it may be shown in an error, a status or an
+/// event: without the user name and password a tenant may have pasted into
+/// it (a token in `https://x:TOKEN@github.com/octo` must not reach an event),
+/// whether it parses or not, and at most 256 characters.
+pub fn shown(input: &str) -> String {
+    let input = input.trim();
+    let text = match Url::parse(input).ok().filter(Url::has_host) {
+        Some(mut url) => {
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.to_string()
+        }
+        // Not a URL with a host: whatever stands between the scheme and
+        // the last `@` may be credentials.
+        None => match (input.find("://"), input.rfind('@')) {
+            (Some(start), Some(at)) if at > start => {
+                format!("{}://…@{}", &input[..start], &input[at + 1..])
+            }
+            (None, Some(at)) => format!("…@{}", &input[at + 1..]),
+            _ => input.to_owned(),
+        },
+    };
+    match text.char_indices().nth(256) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
+
 impl ConfigUrl {
     /// Parses a configuration URL such as `https://github.com/my-org`,
     /// `https://github.com/my-org/my-repo`,
@@ -55,16 +83,7 @@ impl ConfigUrl {
     /// port; that includes `127.0.0.1`, which is how the tests reach the fake
     /// service.
     pub fn parse(input: &str) -> Result<Self, ActionsError> {
-        // The URL is echoed in the error, so any userinfo is dropped first: a
-        // token pasted into the URL must not end up in an event.
-        let shown = match Url::parse(input.trim()) {
-            Ok(mut u) => {
-                let _ = u.set_username("");
-                let _ = u.set_password(None);
-                u.to_string()
-            }
-            Err(_) => input.to_string(),
-        };
+        let shown = shown(input);
         let invalid = |reason: &str| ActionsError::InvalidConfigUrl {
             url: shown.clone(),
             reason: reason.to_string(),
@@ -185,6 +204,22 @@ impl fmt::Display for ConfigUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_is_shown_without_the_credentials_pasted_into_it() {
+        assert_eq!(
+            shown("https://x:ghp_secret@github.com/octo"),
+            "https://github.com/octo"
+        );
+        // Not a URL, and still nothing between the scheme and the host.
+        let bad = shown("https://x:ghp_secret@git hub.com/octo");
+        assert!(!bad.contains("ghp_secret"), "{bad}");
+        assert_eq!(bad, "https://…@git hub.com/octo");
+        assert!(!shown("x:ghp_secret@github.com").contains("ghp_secret"));
+        assert_eq!(shown(&"a".repeat(1000)).chars().count(), 257);
+        let err = ConfigUrl::parse("https://x:ghp_secret@github.com/octo").unwrap_err();
+        assert!(!err.to_string().contains("ghp_secret"), "{err}");
+    }
 
     fn parse(s: &str) -> ConfigUrl {
         ConfigUrl::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"))
