@@ -120,7 +120,9 @@ impl Supervisor {
 
     /// Stops the listeners of scale sets whose shard is no longer held,
     /// each deleting its session; returns how many stopped. Their
-    /// recordings stay: the shard may come back.
+    /// recordings go with them: the replica that holds the shard now
+    /// records the set, and one kept here for a shard that may never come
+    /// back would stay for the life of the process.
     pub async fn keep_owned(&self) -> usize {
         let lost: Vec<_> = {
             let mut running = self.lock();
@@ -140,6 +142,9 @@ impl Supervisor {
                 scale_set = %name,
                 "the scale set's shard is no longer held: stopping its listener"
             );
+        }
+        for (namespace, name) in lost.iter().map(|(key, _)| key) {
+            self.recordings.forget(namespace, name);
         }
         stop_together(lost).await;
         stopped
