@@ -107,7 +107,8 @@ pub struct Usage {
 impl HostProcess {
     /// Starts `binary run --kubeconfig K --namespace NS --listen-address
     /// 127.0.0.1:0 --log-format json --allow-plain-http --actions-hosts
-    /// 127.0.0.1` (the fake speaks plain http on loopback) plus `extra`, with `env` added to its environment,
+    /// 127.0.0.1,localhost` (the fake speaks plain http on loopback, or TLS
+    /// as `localhost` behind a terminator) plus `extra`, with `env` added to its environment,
     /// output to `log`, and waits until it says where it serves.
     pub async fn start(
         binary: &Path,
@@ -129,7 +130,7 @@ impl HostProcess {
             "json",
             "--allow-plain-http",
             "--actions-hosts",
-            "127.0.0.1",
+            "127.0.0.1,localhost",
         ]
         .map(str::to_owned)
         .to_vec();
