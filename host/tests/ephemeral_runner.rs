@@ -33,7 +33,7 @@ use arcwright::policy::loader::PolicyLoader;
 use arcwright::policy::reporter::TracingReporter;
 use arcwright::policy::{EngineConfig, PolicyEngine};
 use arcwright::unregistration::PoolConfig;
-use arcwright_harness::{TestEnv, eventually, eventually_explained};
+use arcwright_harness::{TcpRelay, TestEnv, eventually, eventually_explained};
 use fake_actions::{
     Endpoint, FakeActions, FakeConfig, Fault, FaultKind, JobOutcome, JobPhase, JobSpec,
 };
@@ -82,6 +82,9 @@ struct World {
     slack: SlackConfig,
     /// The running controller's policy loader.
     loader: Option<PolicyLoader>,
+    /// The client the controller talks to the API server with, when not
+    /// the test's own (one through a relay that counts what it is sent).
+    controller_client: Option<kube::Client>,
 }
 
 impl World {
@@ -122,13 +125,17 @@ impl World {
             metrics: ControllerMetrics::default(),
             slack,
             loader: None,
+            controller_client: None,
         };
         world.start_controller();
         world
     }
 
     fn start_controller(&mut self) {
-        let client = self.env.client();
+        let client = self
+            .controller_client
+            .clone()
+            .unwrap_or_else(|| self.env.client());
         let loader = PolicyLoader::new(
             PolicyEngine::new(EngineConfig::default()).unwrap(),
             Some(client.clone()),
@@ -463,6 +470,68 @@ async fn jit_config_to_secret_to_pod_to_running_to_succeeded() {
     // Nothing in status or events carries the config.
     let text = serde_json::to_string(&done).unwrap() + &format!("{:?}", world.events("r-ok").await);
     assert!(!text.contains("jitToken\":\""), "{text}");
+}
+
+/// Anyone who may write Secrets in a namespace can label them as
+/// arcwright's. The controller watches its JIT config Secrets by that label,
+/// so it watches metadata only: eight labelled Secrets of a mebibyte each
+/// cost the controller's connection a few KiB, not the 8 MiB a watch of
+/// whole Secrets lists (and would keep). The runner's lifecycle, whose end
+/// waits on the watch seeing its Secret deleted, still runs.
+#[tokio::test]
+async fn labelled_secrets_data_never_reaches_the_controller() {
+    use kube::api::ObjectMeta;
+
+    const SECRETS: usize = 8;
+    const SIZE: usize = 1 << 20;
+    let mut world = World::new("secret-metadata-only", fast_settings()).await;
+    world.crash_controller();
+    for n in 0..SECRETS {
+        let filler = Secret {
+            metadata: ObjectMeta {
+                name: Some(format!("tenant-{n}")),
+                labels: Some([("app.kubernetes.io/managed-by".into(), "arcwright".into())].into()),
+                ..ObjectMeta::default()
+            },
+            data: Some(
+                [(
+                    "filler".to_string(),
+                    k8s_openapi::ByteString(vec![b'x'; SIZE - 4096]),
+                )]
+                .into(),
+            ),
+            ..Secret::default()
+        };
+        world
+            .secrets()
+            .create(&PostParams::default(), &filler)
+            .await
+            .unwrap();
+    }
+    let plane = world.env.control_plane();
+    let relay = TcpRelay::start(plane.address()).await.unwrap();
+    world.controller_client = Some(plane.client_via(relay.address()));
+    world.start_controller();
+
+    world
+        .acquire_jobs(JobSpec::new(1, &[]).lasting(Duration::from_millis(300)))
+        .await;
+    world.create_runner("r-meta").await;
+    world
+        .wait_runner("r-meta", "succeeded", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Succeeded)
+        })
+        .await;
+    // The finalizer goes once the Secret watch has seen the JIT Secret
+    // deleted: the watch listed (the tenant's Secrets among what it
+    // listed) before it could see that.
+    world.delete_and_wait_gone("r-meta").await;
+    let delivered = relay.delivered();
+    assert!(
+        delivered < (SECRETS * SIZE / 4) as u64,
+        "the controller was sent {delivered} bytes: the labelled Secrets' data reached it"
+    );
+    assert_eq!(world.ledger().still_registered, 0);
 }
 
 #[tokio::test]

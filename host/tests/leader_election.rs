@@ -25,9 +25,7 @@ fn election(env: &TestEnv, identity: &str) -> Election {
 
 /// A client whose traffic to the API server goes through `relay`.
 fn client_through(env: &TestEnv, relay: &TcpRelay) -> kube::Client {
-    let mut config = env.control_plane().config().clone();
-    config.cluster_url = format!("https://{}", relay.address()).parse().unwrap();
-    kube::Client::try_from(config).unwrap()
+    env.control_plane().client_via(relay.address())
 }
 
 async fn holder(env: &TestEnv) -> Option<String> {
@@ -43,13 +41,9 @@ async fn holder(env: &TestEnv) -> Option<String> {
 #[tokio::test]
 async fn a_leader_cut_off_from_the_api_server_steps_down_before_a_standby_takes_over() {
     let env = TestEnv::new("leader-cut-off").await;
-    let upstream = env
-        .control_plane()
-        .server()
-        .trim_start_matches("https://")
-        .parse()
+    let relay = TcpRelay::start(env.control_plane().address())
+        .await
         .unwrap();
-    let relay = TcpRelay::start(upstream).await.unwrap();
 
     let mut leader = election(&env, "replica-a")
         .start(client_through(&env, &relay))

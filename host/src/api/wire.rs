@@ -97,6 +97,14 @@ pub mod annotations {
     /// The renewal of its runner a pod or JIT config Secret was made for
     /// (see `RunnerRenewal`).
     pub const RENEWAL: &str = "arcwright.dev/renewal";
+    /// The registration id a JIT config Secret holds the config of, beside
+    /// its `runnerId` key: the controller watches Secrets' metadata only
+    /// (a tenant can label any Secret as ours, and their data is not the
+    /// host's memory to spend), so what it reads of one must be metadata.
+    pub const RUNNER_ID: &str = "arcwright.dev/runner-id";
+    /// The registration name a JIT config Secret holds the config of (see
+    /// [`RUNNER_ID`]).
+    pub const RUNNER_NAME: &str = "arcwright.dev/runner-name";
 }
 
 /// A finalizer: the name written now, and the names earlier versions

@@ -323,6 +323,25 @@ current-context: arcwright-test
         &self.config
     }
 
+    /// The API server's address, for a relay to stand in front of.
+    pub fn address(&self) -> std::net::SocketAddr {
+        self.server()
+            .trim_start_matches("https://")
+            .parse()
+            .expect("the local API server is served on an IP address")
+    }
+
+    /// A new admin client that reaches the API server through `relay`
+    /// (its certificate names the loopback address, whatever the port).
+    pub fn client_via(&self, relay: std::net::SocketAddr) -> kube::Client {
+        let mut config = self.config.clone();
+        config.cluster_url = format!("https://{relay}")
+            .parse()
+            .expect("a relay address is a URL authority");
+        kube::Client::try_from(config)
+            .expect("a client for the local control plane (call this inside a tokio runtime)")
+    }
+
     /// A kubeconfig file for the admin identity (for `kubectl`-like tools and
     /// child processes such as the controller in end-to-end tests).
     pub fn kubeconfig_path(&self) -> &Path {

@@ -29,6 +29,9 @@ struct State {
     cut: AtomicBool,
     /// Bytes dropped while cut, both directions.
     dropped: AtomicU64,
+    /// Bytes forwarded from the server to its clients: what a client was
+    /// sent, for tests of how much a watch costs on the wire.
+    delivered: AtomicU64,
 }
 
 impl TcpRelay {
@@ -79,6 +82,12 @@ impl TcpRelay {
     pub fn dropped(&self) -> u64 {
         self.state.dropped.load(Ordering::SeqCst)
     }
+
+    /// Bytes the server sent that were forwarded to clients (TLS records
+    /// included: an upper bound on what the clients read).
+    pub fn delivered(&self) -> u64 {
+        self.state.delivered.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for TcpRelay {
@@ -101,10 +110,14 @@ async fn hold(mut client: TcpStream, state: &State) {
 async fn relay(client: TcpStream, server: TcpStream, state: Arc<State>) {
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
-    let upstream = tokio::spawn(pump(client_read, server_write, state.clone()));
-    let downstream = tokio::spawn(pump(server_read, client_write, state));
+    let upstream = tokio::spawn(pump(client_read, server_write, state.clone(), None));
+    let downstream = tokio::spawn(pump(server_read, client_write, state, Some(Counted)));
     let _ = tokio::join!(upstream, downstream);
 }
+
+/// Marks the direction whose forwarded bytes are counted in
+/// [`State::delivered`].
+struct Counted;
 
 /// Copies `from` to `to` until either ends; once cut, what is read is
 /// dropped, and the connection is never forwarded again.
@@ -112,6 +125,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     state: Arc<State>,
+    counted: Option<Counted>,
 ) {
     let mut buffer = [0u8; 16 * 1024];
     let mut dead = false;
@@ -127,6 +141,9 @@ async fn pump(
         }
         if to.write_all(&buffer[..read]).await.is_err() {
             return;
+        }
+        if counted.is_some() {
+            state.delivered.fetch_add(read as u64, Ordering::SeqCst);
         }
     }
 }

@@ -280,13 +280,7 @@ impl Stack {
         let direct_kubeconfig = dir.path().join("host-kubeconfig");
         identity.write_kubeconfig(plane.get().server(), &direct_kubeconfig)?;
         let (host_kubeconfig, relay) = if host_relay {
-            let upstream = plane
-                .get()
-                .server()
-                .trim_start_matches("https://")
-                .parse()
-                .context("the API server's address")?;
-            let relay = TcpRelay::start(upstream)
+            let relay = TcpRelay::start(plane.get().address())
                 .await
                 .context("starting the host's relay")?;
             let path = dir.path().join("host-kubeconfig-relayed");

@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Action};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
@@ -213,9 +214,14 @@ pub(crate) struct Context {
     outbox: notify::Outbox,
     /// The runner pods as the watch last saw them, without their specs.
     pods: reflector::Store<Pod>,
-    /// The JIT config Secrets as the watch last saw them, without the
-    /// configs.
-    secrets: reflector::Store<Secret>,
+    /// The JIT config Secrets as the watch last saw them: their metadata
+    /// only. Anyone who may write a Secret can label it as ours, and a
+    /// whole Secret can be a mebibyte of someone's data (a proxy's password
+    /// among it); the host keeps none of it. What the controller reads of a
+    /// Secret it made is in its annotations
+    /// ([`resources::read_jit_secret_meta`]); the data is read from the
+    /// API server where a step depends on it.
+    secrets: reflector::Store<PartialObjectMeta<Secret>>,
 }
 
 /// A deregistration policy reference as the cache keys it: the runner's
@@ -416,19 +422,22 @@ pub async fn run(
         },
     );
     let pool_task = tokio::spawn(pool.clone().run(shutdown.clone()));
-    let (runners, pods, secrets): (Api<EphemeralRunner>, Api<Pod>, Api<Secret>) =
-        match &config.namespace {
-            Some(ns) => (
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client.clone(), ns),
-            ),
-            None => (
-                Api::all(client.clone()),
-                Api::all(client.clone()),
-                Api::all(client.clone()),
-            ),
-        };
+    let (runners, pods, secrets): (
+        Api<EphemeralRunner>,
+        Api<Pod>,
+        Api<PartialObjectMeta<Secret>>,
+    ) = match &config.namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+        ),
+    };
     let owned =
         crate::watch::config().labels(&format!("{}={}", labels::MANAGED_BY, labels::ARCWRIGHT));
     let (pod_cache, pod_writer) = reflector::store();
@@ -480,7 +489,7 @@ pub async fn run(
     let secrets = relist::with_vanished(
         watcher::watcher(secrets, owned)
             .backoff(crate::watch::WatchBackoff::default())
-            .modify(resources::redact_jit_secret)
+            .modify(|secret| secret.metadata.managed_fields = None)
             .reflect(secret_writer),
     )
     .touched_objects();

@@ -11,7 +11,7 @@ use super::plan::{
     self, Need, Observed, PodView, PoolView, Presence, RUNNER_CONTAINER, RunnerContainer,
     VerdictView,
 };
-use super::resources::read_jit_secret;
+use super::resources::{read_jit_secret, read_jit_secret_meta};
 use super::{Context, EphemeralRunnerError, github_target, kube_error};
 use crate::actions::ActionsError;
 use crate::api::{EphemeralRunner, EphemeralRunnerPhase, annotations, labels};
@@ -230,7 +230,7 @@ fn settled_in_cache<'a>(runner: &'a EphemeralRunner, ctx: &Context) -> Option<Pl
         .secrets
         .get(&ObjectRef::new(&name).within(&namespace))
         .filter(|s| owned_by(s.as_ref(), runner))
-        .and_then(|s| read_jit_secret(&s));
+        .and_then(|s| read_jit_secret_meta(&s.metadata));
     // An outcome of the pool is taken only by a pass that acts on it.
     let pool = pool_view(runner, secret.as_ref(), ctx, false)?;
     let observed = Observed {

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::Resource;
 
 use super::plan::{RUNNER_CONTAINER, SecretView};
-use crate::api::annotations::RENEWAL as RENEWAL_ANNOTATION;
+use crate::api::annotations::{self, RENEWAL as RENEWAL_ANNOTATION};
 use crate::api::{EphemeralRunner, labels};
 
 /// The Secret key holding the encoded JIT config (ARC's).
@@ -144,6 +144,12 @@ pub fn jit_secret(
     .collect();
     let mut annotations = meta.and_then(|m| m.annotations.clone());
     mark_renewal(runner, &mut annotations);
+    let written = annotations.get_or_insert_with(BTreeMap::new);
+    written.insert(annotations::RUNNER_ID.to_string(), runner_id.to_string());
+    written.insert(
+        annotations::RUNNER_NAME.to_string(),
+        runner_name.to_string(),
+    );
     Secret {
         metadata: ObjectMeta {
             name: runner.metadata.name.clone(),
@@ -203,21 +209,21 @@ pub fn renewal_of(meta: &ObjectMeta) -> u32 {
         .unwrap_or(0)
 }
 
-/// What the watch cache keeps of a JIT config Secret: everything but the
-/// config itself, replaced by a marker. The controller only needs to know
-/// that a complete config is there ([`read_jit_secret`] still says so), and
-/// a cache of every runner's credentials would be a copy of them kept for
-/// no reason.
-pub fn redact_jit_secret(secret: &mut Secret) {
-    if let Some(token) = secret
-        .data
-        .as_mut()
-        .and_then(|data| data.get_mut(JIT_TOKEN_KEY))
-        .filter(|token| !token.0.is_empty())
-    {
-        *token = ByteString(b"redacted".to_vec());
-    }
-    secret.metadata.managed_fields = None;
+/// The non-secret half of a JIT config Secret from its metadata alone, as
+/// the watch cache holds it: the registration its annotations name, if
+/// arcwright wrote them. They are written in the same request as the config,
+/// so a Secret that carries them carries a complete config. A Secret written
+/// before they were (or with them removed) reads as absent here, and the
+/// runner's pass reads it whole from the API server ([`read_jit_secret`])
+/// before acting: the cache only ever decides that nothing is to be done.
+pub fn read_jit_secret_meta(meta: &ObjectMeta) -> Option<SecretView> {
+    let annotations = meta.annotations.as_ref()?;
+    Some(SecretView {
+        runner_id: annotations.get(annotations::RUNNER_ID)?.parse().ok()?,
+        runner_name: annotations.get(annotations::RUNNER_NAME)?.clone(),
+        renewal: renewal_of(meta),
+        resource_version: meta.resource_version.clone().unwrap_or_default(),
+    })
 }
 
 /// What the watch cache keeps of a runner pod: what [`super::observe`]
@@ -604,24 +610,41 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_keeps_no_jit_config_and_no_pod_spec() {
-        let runner = runner();
-        let mut secret = jit_secret(&runner, 7, "set-runner-abc", "the-config");
-        redact_jit_secret(&mut secret);
-        let data = secret.data.clone().unwrap();
-        assert!(
-            data.values().all(|v| v.0 != b"the-config"),
-            "the config is not kept: {data:?}"
-        );
+    fn the_secrets_metadata_alone_names_its_registration_and_the_cache_keeps_no_pod_spec() {
+        let mut runner = runner();
+        let secret = jit_secret(&runner, 7, "set-runner-abc", "the-config");
+        let from_meta = read_jit_secret_meta(&secret.metadata);
         assert_eq!(
-            read_jit_secret(&secret),
+            from_meta,
             Some(SecretView {
                 runner_id: 7,
                 runner_name: "set-runner-abc".into(),
                 renewal: 0,
                 resource_version: String::new(),
             }),
-            "still reads as a complete config"
+        );
+        assert_eq!(
+            from_meta,
+            read_jit_secret(&secret),
+            "metadata and data agree"
+        );
+        // The template's own annotations cannot pass for ours.
+        runner.spec.ephemeral_runner_config_secret_metadata =
+            Some(crate::api::shared::ResourceMeta {
+                annotations: Some([(annotations::RUNNER_ID.to_string(), "99".to_string())].into()),
+                ..Default::default()
+            });
+        let secret = jit_secret(&runner, 7, "set-runner-abc", "the-config");
+        assert_eq!(
+            read_jit_secret_meta(&secret.metadata).map(|s| s.runner_id),
+            Some(7)
+        );
+        let mut older = secret.metadata.clone();
+        older.annotations = None;
+        assert_eq!(
+            read_jit_secret_meta(&older),
+            None,
+            "a Secret written before the annotations is read whole"
         );
         let mut pod = runner_pod(&runner, "ua");
         pod.status = Some(Default::default());

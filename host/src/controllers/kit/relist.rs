@@ -17,9 +17,10 @@
 use std::collections::{HashMap, HashSet};
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
+use kube::core::{PartialObjectMeta, PartialObjectMetaExt};
 use kube::runtime::watcher;
 
 use crate::api::{EphemeralRunner, EphemeralRunnerSet};
@@ -39,12 +40,14 @@ impl Tombstone for Pod {
     }
 }
 
-impl Tombstone for Secret {
+/// The watches that keep metadata only (Secrets: see
+/// `ephemeral_runner::resources::read_jit_secret_meta`).
+impl<K: Resource> Tombstone for PartialObjectMeta<K>
+where
+    PartialObjectMeta<K>: Resource,
+{
     fn tombstone(metadata: ObjectMeta) -> Self {
-        Self {
-            metadata,
-            ..Self::default()
-        }
+        metadata.into_response_partial()
     }
 }
 
@@ -151,18 +154,19 @@ where
 mod tests {
     use super::*;
 
+    /// Secrets as the runner controller watches them: metadata only.
+    type Secret = PartialObjectMeta<k8s_openapi::api::core::v1::Secret>;
+
     fn secret(uid: &str) -> Secret {
-        Secret {
-            metadata: ObjectMeta {
-                name: Some(format!("secret-{uid}")),
-                namespace: Some("ns".into()),
-                uid: Some(uid.into()),
-                owner_references: Some(vec![Default::default()]),
-                labels: Some([("a".to_string(), "b".to_string())].into()),
-                ..ObjectMeta::default()
-            },
-            ..Secret::default()
+        ObjectMeta {
+            name: Some(format!("secret-{uid}")),
+            namespace: Some("ns".into()),
+            uid: Some(uid.into()),
+            owner_references: Some(vec![Default::default()]),
+            labels: Some([("a".to_string(), "b".to_string())].into()),
+            ..ObjectMeta::default()
         }
+        .into_response_partial()
     }
 
     fn deleted(events: &[watcher::Event<Secret>]) -> Vec<String> {
