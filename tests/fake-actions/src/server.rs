@@ -208,11 +208,19 @@ async fn gate(Ext(shared): Shr, matched: MatchedPath, req: Request, next: Next) 
 /// `response` with its whole body's `Content-Length` but only its first
 /// half sent: the body stream then fails, and hyper closes the connection
 /// mid-body, as a cut-off answer looks on the wire.
+///
+/// A bodiless answer (a 204 to a deletion) has no half to send: cut, it is
+/// the work done and the connection closed before the status line, which
+/// a client sees as a reset after its request took effect. Sent whole with
+/// `Content-Length: 0`, the fault would never strike.
 async fn truncated(response: Response) -> Response {
     let (mut parts, body) = response.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
         return ServiceError::Reset.into_response();
     };
+    if bytes.is_empty() {
+        return ServiceError::Reset.into_response();
+    }
     parts.headers.insert(
         http::header::CONTENT_LENGTH,
         http::HeaderValue::from(bytes.len()),

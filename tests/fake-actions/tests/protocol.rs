@@ -873,6 +873,18 @@ async fn injected_faults_hit_the_next_calls_and_are_counted() {
     }
     assert_eq!(control.ledger().runners_created, 1);
 
+    // A bodiless answer cut short is no answer at all, the work done.
+    let cut_id = control.runners()[0].id;
+    control.inject(Fault::new(Endpoint::RemoveRunner, FaultKind::Truncate, 1));
+    let removal = http
+        .delete(admin.url(&format!("distributedtask/pools/0/agents/{cut_id}")))
+        .header("Authorization", admin.bearer())
+        .send()
+        .await;
+    assert!(removal.is_err(), "no answer arrives: {removal:?}");
+    assert_eq!(control.ledger().removed_by_api, 1, "the removal was done");
+    assert_eq!(control.counters().faults(Endpoint::RemoveRunner), 1);
+
     control.inject(Fault::new(
         Endpoint::GenerateJitConfig,
         FaultKind::late_answer(Duration::from_secs(20)),
