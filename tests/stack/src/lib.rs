@@ -705,8 +705,14 @@ impl Stack {
         from: jiff::Timestamp,
         to: jiff::Timestamp,
     ) -> Option<audit::Requests> {
-        let log = std::fs::read_to_string(self.audit_log.as_ref()?).ok()?;
-        Some(audit::count(&log, &self.host_username(), from, to))
+        let (log, rotated_files) = audit::read(self.audit_log.as_ref()?).ok()?;
+        if rotated_files > 0 {
+            eprintln!("the audit log rotated into {rotated_files} more files; all were read");
+        }
+        Some(audit::Requests {
+            rotated_files,
+            ..audit::count(&log, &self.host_username(), from, to)
+        })
     }
 }
 
