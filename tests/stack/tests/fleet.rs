@@ -44,6 +44,13 @@ async fn a_small_fleet_listens_again_after_a_restart_and_runs_its_jobs() {
     assert!(report.jobs_apiserver.writes > 0, "{report}");
     assert!(report.floor_jobs_per_s.is_some_and(|f| f > 0.0), "{report}");
     let line = report.to_string();
+    eprintln!("{line}");
+    // What a job costs through the burst, counted, with room for a slow
+    // machine's retries: about 14 requests and 10 writes a job at this size
+    // (four sets scaling from zero for ten jobs).
+    let per_job = |n: u64| n as f64 / report.jobs as f64;
+    assert!(per_job(report.jobs_apiserver.total) <= 24.0, "{line}");
+    assert!(per_job(report.jobs_apiserver.writes) <= 16.0, "{line}");
     for field in [
         "scale_sets=",
         "ready_s=",

@@ -1,6 +1,7 @@
 //! The scale benchmark's quick form, floor included, so that neither can
 //! rot: a few jobs through arcwright and then through the floor on the same
-//! stack, and a report line with every figure. No timing is asserted.
+//! stack, and a report line with every figure. No timing is asserted; what
+//! a job costs (requests, writes, calls) is, within bounds.
 
 use arcwright_stack::bench::{self, Arrival, BenchOptions};
 
@@ -27,8 +28,30 @@ async fn the_floor_runs_the_same_jobs_after_arcwright_and_gives_a_ratio() {
     let ratio = report.floor_ratio();
     assert!(ratio.is_finite() && ratio > 0.0, "{ratio}: {report}");
     let line = report.to_string();
+    eprintln!("{line}");
     assert!(
         line.contains(" floor_jobs_per_s=") && line.contains(" floor_ratio="),
         "{line}"
     );
+    // What a job costs, counted, with room for a slow machine's retries:
+    // about 11 requests and 9 writes a job at this size (a set scaling
+    // from zero to three for ten jobs pays its runners' creation over few
+    // jobs). A reconcile that read its pod and Secret from the API server
+    // again, or a runner set that listed its runners on every pass, costs
+    // 8 to 9 more.
+    let per_job = |n: u64| n as f64 / report.jobs as f64;
+    assert!(
+        per_job(report.apiserver_requests) <= REQUESTS_PER_JOB,
+        "{line}"
+    );
+    assert!(per_job(report.apiserver_writes) <= WRITES_PER_JOB, "{line}");
+    assert!(
+        per_job(report.actions_calls) <= ACTIONS_CALLS_PER_JOB,
+        "{line}"
+    );
 }
+
+/// The bounds on what a job costs in this run.
+const REQUESTS_PER_JOB: f64 = 17.0;
+const WRITES_PER_JOB: f64 = 12.0;
+const ACTIONS_CALLS_PER_JOB: f64 = 4.0;

@@ -21,6 +21,7 @@ use super::{Context, EphemeralRunnerError, github_target, kube_error};
 use crate::actions::{ActionsClient, ActionsError, JitConfig, JitRunnerSetting};
 use crate::api::ephemeral_runner::EventReason;
 use crate::api::{EphemeralRunner, annotations, field_managers, finalizers};
+use crate::controllers::kit::expectations::Known;
 use crate::controllers::kit::{Notice, finalizer};
 
 /// What applying a plan came to.
@@ -92,28 +93,50 @@ pub(super) async fn apply(
                 let pod = runner_pod(runner, &ctx.config.user_agent);
                 match pods.create(&post_params(), &pod).await {
                     // No event (see `Step::Event`).
-                    Ok(_) => tracing::debug!(runner = %name, "runner pod created"),
+                    Ok(pod) => {
+                        ctx.known_pods
+                            .record(&namespace, &name, Known::of(&pod.metadata));
+                        tracing::debug!(runner = %name, "runner pod created");
+                    }
                     // An older pod of the same name is still terminating; its
                     // deletion wakes the next reconcile.
-                    Err(kube::Error::Api(e)) if e.code == 409 => {}
+                    Err(kube::Error::Api(e)) if e.code == 409 => {
+                        ctx.known_pods.forget(&namespace, &name);
+                    }
+                    // Refused: nothing changed.
                     Err(kube::Error::Api(e)) if e.code == 422 => {
                         applied.refused_pod = Some(e.message);
                         return Ok(applied);
                     }
-                    Err(e) => return Err(kube_error("create the runner pod")(e)),
+                    Err(e) => {
+                        ctx.known_pods.forget(&namespace, &name);
+                        return Err(kube_error("create the runner pod")(e));
+                    }
                 }
             }
             Step::DeletePod { uid } => {
-                delete(&pods, &name, uid, None, "delete the runner pod").await?
+                let deleted = delete(&pods, &name, uid, None, "delete the runner pod").await;
+                ctx.known_pods
+                    .record(&namespace, &name, deleted_known(&deleted, uid));
+                deleted?;
             }
             Step::ForceDeletePod { uid } => {
-                delete(&pods, &name, uid, Some(0), "force-delete the runner pod").await?;
+                let action = "force-delete the runner pod";
+                let deleted = delete(&pods, &name, uid, Some(0), action).await;
+                ctx.known_pods
+                    .record(&namespace, &name, deleted_known(&deleted, uid));
+                deleted?;
             }
-            Step::DeleteSecret => match secrets.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(kube_error("delete the JIT config Secret")(e)),
-            },
+            Step::DeleteSecret => {
+                let deleted = match secrets.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => Ok(true),
+                    Err(kube::Error::Api(e)) if e.code == 404 => Ok(true),
+                    Err(e) => Err(kube_error("delete the JIT config Secret")(e)),
+                };
+                let known = matches!(deleted, Ok(true)).then_some(Known::Absent { uid: None });
+                ctx.known_secrets.record(&namespace, &name, known);
+                deleted?;
+            }
             Step::ProtectFromEviction { uid } => {
                 // The uid in the patch is a precondition: a newer pod of
                 // the same name is not the busy one.
@@ -124,10 +147,12 @@ pub(super) async fn apply(
                         annotations::DO_NOT_DISRUPT: "true",
                     },
                 }});
-                match pods
+                let patched = pods
                     .patch(&name, &patch_params(), &Patch::Merge(&patch))
-                    .await
-                {
+                    .await;
+                let known = patched.as_ref().ok().and_then(|p| Known::of(&p.metadata));
+                ctx.known_pods.record(&namespace, &name, known);
+                match patched {
                     Ok(_) => {}
                     Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
                     Err(e) => return Err(kube_error("mark the busy runner pod")(e)),
@@ -168,14 +193,25 @@ async fn patch_status(
     Ok(())
 }
 
-/// Deletes the object `name` if it is still the one with `uid`.
+/// What a deletion of the object with `uid` that came to `deleted` says
+/// of it: gone or going (whatever the answer carried) when it went through
+/// or found nothing; nothing known when a newer object has the name or the
+/// outcome is not known.
+fn deleted_known(deleted: &Result<bool, EphemeralRunnerError>, uid: &str) -> Option<Known> {
+    matches!(deleted, Ok(true)).then(|| Known::Absent {
+        uid: Some(uid.to_owned()),
+    })
+}
+
+/// Deletes the object `name` if it is still the one with `uid`: `true`
+/// when it is gone or going, `false` when a newer object has the name.
 async fn delete<K>(
     api: &Api<K>,
     name: &str,
     uid: &str,
     grace: Option<u32>,
     action: &'static str,
-) -> Result<(), EphemeralRunnerError>
+) -> Result<bool, EphemeralRunnerError>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -188,9 +224,10 @@ where
         ..DeleteParams::default()
     };
     match api.delete(name, &params).await {
-        Ok(_) => Ok(()),
-        // Gone, or a newer object of the same name: not ours to delete.
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(true),
+        // A newer object of the same name: not ours to delete.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
         Err(e) => Err(kube_error(action)(e)),
     }
 }
@@ -286,6 +323,9 @@ async fn register(
             secrets.replace(&name, &post_params(), &secret).await
         }
     };
+    let known = written.as_ref().ok().and_then(|s| Known::of(&s.metadata));
+    ctx.known_secrets
+        .record(&runner.namespace().unwrap_or_default(), &name, known);
     if let Err(error) = written {
         // The registration is useless without its Secret: remove it
         // rather than leak it. Best effort; the next attempt's

@@ -4,11 +4,16 @@
 //!
 //! Each reconcile reads the runner, its pod and its JIT config Secret
 //! ([`observe`](self)), turns them into a [`plan::Plan`] with the pure
-//! [`plan::plan`], and applies it step by step ([`apply`](self)). A reconcile
-//! with nothing to do is decided from the watch caches; any step is decided
-//! on reads from the API server: a stale cache could say the Secret is
-//! missing right after it was written, and the runner would be registered
-//! twice (see `observe::settled_in_cache`).
+//! [`plan::plan`], and applies it step by step ([`apply`](self)). It reads
+//! the watch caches, not the API server, once they show at least what the
+//! API server last told the controller of the pod and the Secret (the
+//! answers to its own writes, recorded as
+//! [expectations](crate::controllers::kit::expectations)): a cache behind
+//! those writes could say the Secret is missing right after it was
+//! written, and the runner would be registered twice. Where nothing is
+//! known yet (a host just started, a shard just taken), or a cache is
+//! behind, a reconcile with nothing to do is still decided from the
+//! caches, and any step on reads from the API server.
 //!
 //! Removals of a runner's registration go through the
 //! [`UnregistrationPool`] (seed 000), never through the reconcile: a
@@ -44,6 +49,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actions::ActionsError;
 use crate::api::{EphemeralRunner, labels};
+use crate::controllers::kit::expectations::Expectations;
 use crate::controllers::kit::{ErrorLabel, Publisher, relist};
 use crate::controllers::metrics::{ControllerMetrics, RunnerLabels};
 use crate::credentials::{ActionsClients, ActionsRemover, CredentialsError, GitHubTarget};
@@ -222,6 +228,12 @@ pub(crate) struct Context {
     /// ([`resources::read_jit_secret_meta`]); the data is read from the
     /// API server where a step depends on it.
     secrets: reflector::Store<PartialObjectMeta<Secret>>,
+    /// What the API server last said of each runner's pod (an answer to a
+    /// write of ours, or a read): the pod cache is decided on only where it
+    /// shows at least that ([`crate::controllers::kit::expectations`]).
+    known_pods: Expectations,
+    /// The same of each runner's JIT config Secret.
+    known_secrets: Expectations,
 }
 
 /// A deregistration policy reference as the cache keys it: the runner's
@@ -362,6 +374,10 @@ async fn reconcile(
         applied.finalized |= apply::apply(&runner, &plan, &ctx).await?.finalized;
     }
     let finalized = applied.finalized;
+    if finalized {
+        ctx.known_pods.forget(&namespace, &name);
+        ctx.known_secrets.forget(&namespace, &name);
+    }
     let requeue = plan.requeue;
     drop(planned);
     let scale_set = runner
@@ -447,6 +463,8 @@ pub async fn run(
         runners: reader.clone(),
         pods: pod_cache,
         secrets: secret_cache,
+        known_pods: Expectations::new(&shards),
+        known_secrets: Expectations::new(&shards),
         publisher: Publisher::new(client.clone(), CONTROLLER),
         deps,
         pool,

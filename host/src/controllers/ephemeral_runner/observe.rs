@@ -15,7 +15,9 @@ use super::resources::{read_jit_secret, read_jit_secret_meta};
 use super::{Context, EphemeralRunnerError, github_target, kube_error};
 use crate::actions::ActionsError;
 use crate::api::{EphemeralRunner, EphemeralRunnerPhase, annotations, labels};
+use crate::controllers::kit::expectations::{Known, Look};
 use crate::unregistration::Removal;
+use std::time::Duration;
 
 /// Whether `object` is owned by `runner` (a same-named object someone else
 /// made is not the runner's to use or delete).
@@ -119,6 +121,30 @@ pub(super) fn pod_view(pod: &Pod) -> PodView {
     }
 }
 
+/// What a pass decides on, nothing asked of the policy, the service or
+/// the API server yet.
+fn observed<'a>(
+    runner: &'a EphemeralRunner,
+    pod: Option<PodView>,
+    secret: Option<plan::SecretView>,
+    pool: PoolView,
+    now: Timestamp,
+) -> Observed<'a> {
+    Observed {
+        runner,
+        pod,
+        secret,
+        pool,
+        verdict: None,
+        presence: None,
+        registered_by_name: None,
+        held: None,
+        hook_objects: None,
+        refused_pod: None,
+        now,
+    }
+}
+
 /// A plan, what it was decided on, and when it holds a runner for
 /// debugging, the gate that keeps another runner from counting the held
 /// runners until this one's status is written (so two failures at once
@@ -130,7 +156,21 @@ pub(super) struct Planned<'a> {
     _hold_gate: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
-impl Planned<'_> {
+impl<'a> Planned<'a> {
+    /// Nothing done while the caches catch up with this controller's own
+    /// writes; looked at again after `rest` unless the watch wakes the
+    /// runner first.
+    fn waiting(runner: &'a EphemeralRunner, rest: Duration) -> Self {
+        Planned {
+            plan: plan::Plan {
+                steps: Vec::new(),
+                requeue: Some(rest),
+            },
+            observed: observed(runner, None, None, PoolView::Idle, Timestamp::now()),
+            _hold_gate: None,
+        }
+    }
+
     /// The plan made again, on the same reading, with the API server's
     /// refusal of the runner pod the plan asked for recorded.
     pub(super) fn with_refused_pod(
@@ -205,20 +245,79 @@ fn pool_view(
     })
 }
 
+/// How long a reconcile waits for the watch caches to show an answer of
+/// the API server to this controller's own write before it reads the API
+/// server instead. The watch delivers in milliseconds, and its delivery
+/// wakes the runner; a cache later than this is one whose watch is broken
+/// or re-listing, and a read is cheaper than a runner left waiting.
+const CACHE_WAIT: Duration = Duration::from_secs(2);
+
+/// How the watch caches stand for a runner's pod and Secret.
+enum CacheLook {
+    /// Both show at least what the API server last told this controller
+    /// of them ([`Expectations`](crate::controllers::kit::expectations)):
+    /// as good as a read for every decision, steps included.
+    Current(Box<(Option<PodView>, Option<plan::SecretView>)>),
+    /// One is behind an answer to the controller's own write, for at most
+    /// this much longer: deciding on it could register the runner twice
+    /// (its Secret missing right after it was written), and the watch
+    /// delivering the write wakes the runner.
+    Behind(Duration),
+    /// Nothing is known of one (a host that just started, a shard just
+    /// taken), or it has been behind for longer than [`CACHE_WAIT`].
+    Unknown,
+}
+
+fn look_in_cache(runner: &EphemeralRunner, ctx: &Context) -> CacheLook {
+    let namespace = runner.namespace().unwrap_or_default();
+    let name = runner.name_any();
+    let pod = ctx.pods.get(&ObjectRef::new(&name).within(&namespace));
+    let secret = ctx.secrets.get(&ObjectRef::new(&name).within(&namespace));
+    let looks = [
+        ctx.known_pods
+            .look(&namespace, &name, pod.as_deref().map(|p| &p.metadata)),
+        ctx.known_secrets
+            .look(&namespace, &name, secret.as_deref().map(|s| &s.metadata)),
+    ];
+    let mut behind = None;
+    for look in looks {
+        match look {
+            Look::Current => {}
+            Look::Unknown => return CacheLook::Unknown,
+            Look::Behind(age) => match CACHE_WAIT.checked_sub(age) {
+                Some(rest) => behind = Some(behind.map_or(rest, |b: Duration| b.max(rest))),
+                None => return CacheLook::Unknown,
+            },
+        }
+    }
+    if let Some(rest) = behind {
+        return CacheLook::Behind(rest);
+    }
+    let pod = pod.filter(|p| owned_by(p.as_ref(), runner));
+    let secret = match secret.filter(|s| owned_by(s.as_ref(), runner)) {
+        Some(s) => match read_jit_secret_meta(&s.metadata) {
+            Some(view) => Some(view),
+            // Its registration not in its annotations (written by an earlier
+            // version): read whole from the API server.
+            None => return CacheLook::Unknown,
+        },
+        None => None,
+    };
+    CacheLook::Current(Box::new((pod.as_deref().map(pod_view), secret)))
+}
+
 /// The plan as the watch caches see the runner's pod and Secret, if it is
-/// to do nothing at all.
+/// to do nothing at all, for a runner whose caches are not known to be
+/// current ([`look_in_cache`]).
 ///
 /// Most reconciles of a runner change nothing: they are woken by the
 /// runner's own status writes, by the listener recording a job, by pod
 /// updates that leave the plan where it was. Deciding those from the
-/// caches saves two reads from the API server each, most of what a runner
-/// read. Anything else (a step to take, a question to ask, an outcome of
-/// the pool to take) is decided again from the API server by the caller:
-/// a cache can be behind the writes of the reconcile before (say the
-/// Secret is missing right after it was written, and the runner would be
-/// registered twice), so no step is ever taken on its word. A stale cache
-/// can only make this say "nothing to do" early; the cache catching up is
-/// itself a watch event that wakes the runner again.
+/// caches saves two reads from the API server each. Anything else (a step
+/// to take, a question to ask, an outcome of the pool to take) is decided
+/// again from the API server by the caller. A stale cache can only make
+/// this say "nothing to do" early; the cache catching up is itself a watch
+/// event that wakes the runner again.
 fn settled_in_cache<'a>(runner: &'a EphemeralRunner, ctx: &Context) -> Option<Planned<'a>> {
     let namespace = runner.namespace().unwrap_or_default();
     let name = runner.name_any();
@@ -233,19 +332,13 @@ fn settled_in_cache<'a>(runner: &'a EphemeralRunner, ctx: &Context) -> Option<Pl
         .and_then(|s| read_jit_secret_meta(&s.metadata));
     // An outcome of the pool is taken only by a pass that acts on it.
     let pool = pool_view(runner, secret.as_ref(), ctx, false)?;
-    let observed = Observed {
+    let observed = observed(
         runner,
-        pod: pod.as_deref().map(pod_view),
+        pod.as_deref().map(pod_view),
         secret,
         pool,
-        verdict: None,
-        presence: None,
-        registered_by_name: None,
-        held: None,
-        hook_objects: None,
-        refused_pod: None,
-        now: Timestamp::now(),
-    };
+        Timestamp::now(),
+    );
     let plan = plan::plan(&observed, &ctx.config.settings)
         .ok()
         .filter(|plan| plan.steps.is_empty())?;
@@ -254,6 +347,58 @@ fn settled_in_cache<'a>(runner: &'a EphemeralRunner, ctx: &Context) -> Option<Pl
         observed,
         _hold_gate: None,
     })
+}
+
+/// Reads the object named after `runner` from the API server, and records
+/// what the answer said of it in `known`.
+async fn read_and_record<K>(
+    ctx: &Context,
+    known: &crate::controllers::kit::expectations::Expectations,
+    runner: &EphemeralRunner,
+    action: &'static str,
+) -> Result<Option<K>, EphemeralRunnerError>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let namespace = runner.namespace().unwrap_or_default();
+    let name = runner.name_any();
+    let api: Api<K> = Api::namespaced(ctx.deps.client.clone(), &namespace);
+    let found = api.get_opt(&name).await.map_err(kube_error(action))?;
+    known.record(
+        &namespace,
+        &name,
+        Known::read(found.as_ref().map(|o| o.meta())),
+    );
+    Ok(found)
+}
+
+/// Reads the runner's pod and Secret from the API server, and records what
+/// it said of them, so the next pass can trust the caches once they show
+/// as much.
+async fn read_from_server(
+    runner: &EphemeralRunner,
+    ctx: &Context,
+) -> Result<(Option<PodView>, Option<plan::SecretView>), EphemeralRunnerError> {
+    let pod: Option<Pod> =
+        read_and_record(ctx, &ctx.known_pods, runner, "read the runner pod").await?;
+    let secret: Option<Secret> = read_and_record(
+        ctx,
+        &ctx.known_secrets,
+        runner,
+        "read the JIT config Secret",
+    )
+    .await?;
+    let pod = pod.filter(|p| owned_by(p, runner));
+    let secret = secret.filter(|s| owned_by(s, runner));
+    // A Secret without a complete config is as good as none: it is
+    // replaced when the runner registers.
+    Ok((
+        pod.as_ref().map(pod_view),
+        secret.as_ref().and_then(read_jit_secret),
+    ))
 }
 
 /// What this controller plans for `runner` as given (a copy that may be
@@ -273,19 +418,16 @@ pub fn replay(
     now: Timestamp,
 ) -> Result<plan::Plan, Need> {
     let observed = Observed {
-        runner,
-        pod: pod.filter(|p| owned_by(*p, runner)).map(pod_view),
-        secret: secret
-            .filter(|s| owned_by(*s, runner))
-            .and_then(read_jit_secret),
-        pool: PoolView::Idle,
-        verdict: None,
-        presence: None,
         registered_by_name,
-        held: None,
-        hook_objects: None,
-        refused_pod: None,
-        now,
+        ..observed(
+            runner,
+            pod.filter(|p| owned_by(*p, runner)).map(pod_view),
+            secret
+                .filter(|s| owned_by(*s, runner))
+                .and_then(read_jit_secret),
+            PoolView::Idle,
+            now,
+        )
     };
     plan::plan(&observed, settings)
 }
@@ -330,40 +472,19 @@ pub(super) async fn observe_and_plan<'a>(
     runner: &'a EphemeralRunner,
     ctx: &Context,
 ) -> Result<Planned<'a>, EphemeralRunnerError> {
-    if let Some(planned) = settled_in_cache(runner, ctx) {
-        return Ok(planned);
-    }
-    let namespace = runner.namespace().unwrap_or_default();
-    let name = runner.name_any();
-    let pods: Api<Pod> = Api::namespaced(ctx.deps.client.clone(), &namespace);
-    let secrets: Api<Secret> = Api::namespaced(ctx.deps.client.clone(), &namespace);
-    let pod = pods
-        .get_opt(&name)
-        .await
-        .map_err(kube_error("read the runner pod"))?
-        .filter(|p| owned_by(p, runner));
-    let secret = secrets
-        .get_opt(&name)
-        .await
-        .map_err(kube_error("read the JIT config Secret"))?
-        .filter(|s| owned_by(s, runner));
-    let secret_view = secret.as_ref().and_then(read_jit_secret);
-    let pool = pool_view(runner, secret_view.as_ref(), ctx, true).unwrap_or(PoolView::Idle);
-    let mut observed = Observed {
-        runner,
-        pod: pod.as_ref().map(pod_view),
-        // A Secret without a complete config is as good as none: it is
-        // replaced when the runner registers.
-        secret: secret_view,
-        pool,
-        verdict: None,
-        presence: None,
-        registered_by_name: None,
-        held: None,
-        hook_objects: None,
-        refused_pod: None,
-        now: Timestamp::now(),
+    let (pod, secret) = match look_in_cache(runner, ctx) {
+        CacheLook::Current(cached) => *cached,
+        CacheLook::Behind(rest) => return Ok(Planned::waiting(runner, rest)),
+        CacheLook::Unknown => {
+            if let Some(planned) = settled_in_cache(runner, ctx) {
+                return Ok(planned);
+            }
+            read_from_server(runner, ctx).await?
+        }
     };
+    let namespace = runner.namespace().unwrap_or_default();
+    let pool = pool_view(runner, secret.as_ref(), ctx, true).unwrap_or(PoolView::Idle);
+    let mut observed = observed(runner, pod, secret, pool, Timestamp::now());
     let mut hold_gate = None;
     // Each need is answered once, so this ends after at most five rounds.
     for _ in 0..5 {
@@ -559,24 +680,18 @@ mod tests {
             }],
             ..EphemeralRunnerStatus::default()
         });
-        let observed = Observed {
-            runner: &runner,
-            pod: Some(view.clone()),
-            secret: Some(SecretView {
+        let observed = observed(
+            &runner,
+            Some(view.clone()),
+            Some(SecretView {
                 runner_id: 7,
                 runner_name: "r".into(),
                 renewal: 0,
                 resource_version: "1".into(),
             }),
-            pool: PoolView::Idle,
-            verdict: None,
-            presence: None,
-            registered_by_name: None,
-            held: None,
-            hook_objects: None,
-            refused_pod: None,
-            now: view.created + jiff::SignedDuration::from_mins(5),
-        };
+            PoolView::Idle,
+            view.created + jiff::SignedDuration::from_mins(5),
+        );
         let plan = plan::plan(&observed, &Settings::default()).unwrap();
         // Pending (no phase yet reads as Pending, so nothing is written)
         // and not ready: not renewed as an old idle runner, not

@@ -16,6 +16,7 @@ use crate::api::{
     EphemeralRunner, EphemeralRunnerSet, EphemeralRunnerSetStatus, EphemeralRunnerStatus,
     RunnerRenewal, annotations, finalizers, labels,
 };
+use crate::controllers::kit::expectations::Known;
 use crate::controllers::kit::{Notice, finalizer};
 
 /// The writes of one pass over `set`.
@@ -77,11 +78,19 @@ impl<'a> Apply<'a> {
             ..DeleteParams::default()
         };
         let name = runner.name_any();
-        match self.runners.delete(&name, &params).await {
+        let deleted = match self.runners.delete(&name, &params).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            Err(source) => Err(Error::Delete { name, source }),
-        }
+            Err(source) => Err(Error::Delete {
+                name: name.clone(),
+                source,
+            }),
+        };
+        // Refused (the runner changed since it was read) or not known:
+        // the next pass lists the set's runners again.
+        let known = deleted.is_ok().then(|| Known::Absent { uid: runner.uid() });
+        self.record(&name, known);
+        deleted
     }
 
     /// Renews `runner` under the decision `under` stands for: the whole
@@ -112,10 +121,22 @@ impl<'a> Apply<'a> {
             }),
             ..runner.clone()
         };
-        self.runners
-            .replace_status(&runner.name_any(), &post_params(), &renewed)
-            .await
-            .map(drop)
+        let name = runner.name_any();
+        let written = self
+            .runners
+            .replace_status(&name, &post_params(), &renewed)
+            .await;
+        self.record(
+            &name,
+            written.as_ref().ok().and_then(|r| Known::of(&r.metadata)),
+        );
+        written.map(drop)
+    }
+
+    /// Records what the API server said of the set's runner `name`.
+    fn record(&self, name: &str, known: Option<Known>) {
+        self.ctx
+            .record_runner(&self.set.uid().unwrap_or_default(), name, known);
     }
 
     /// Creates one runner of `creation`, recording `patch_id` on it
@@ -125,11 +146,16 @@ impl<'a> Apply<'a> {
             patch_id,
             ..creation
         };
-        self.runners
+        let created = self
+            .runners
             .create(&post_params(), &new_runner(self.set, creation))
-            .await
-            .map(drop)
-            .map_err(Error::Create)
+            .await;
+        match &created {
+            Ok(runner) => self.record(&runner.name_any(), Known::of(&runner.metadata)),
+            // It may have been made under a name never learnt.
+            Err(_) => self.record("", None),
+        }
+        created.map(drop).map_err(Error::Create)
     }
 
     /// Writes the set's status.

@@ -1,9 +1,10 @@
 //! The EphemeralRunnerSet controller: keeps a scale set's runners at what the
 //! listener asks for, without ever taking a runner that has a job.
 //!
-//! Observe, plan, apply: `observe` reads the set and its runners (listed
-//! from the API server, not a cache, so a runner just created is never
-//! missed and created twice) and answers the plan's requests for more,
+//! Observe, plan, apply: `observe` reads the set and its runners (from the
+//! watch where it shows every write of the set's own, listed from the API
+//! server where it does not, so a runner just created is never missed and
+//! created twice: see `RunnerCache`) and answers the plan's requests for more,
 //! [`plan`] decides without I/O, and `apply` carries the plan out, one API
 //! call per write. [`watch`] decides which runner events wake a set.
 //!
@@ -32,6 +33,7 @@ use kube::runtime::{WatchStreamExt, applier, watcher};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{EphemeralRunner, EphemeralRunnerSet, labels};
+use crate::controllers::kit::expectations::{GroupExpectations, Known};
 use crate::controllers::kit::{ErrorLabel, relist};
 use crate::controllers::metrics::ControllerMetrics;
 use apply::Apply;
@@ -65,6 +67,51 @@ pub struct Context {
     pub shards: crate::sharding::Shards,
     /// What the controller remembers of each set between passes, by uid.
     memory: std::sync::Mutex<std::collections::HashMap<String, SetMemory>>,
+    /// The runners as the controller's watch holds them, while it runs.
+    runner_cache: std::sync::Mutex<Option<Arc<RunnerCache>>>,
+}
+
+/// The runners as the controller's watch holds them, and what the API
+/// server last said of each set's runners, so a pass reads its runners
+/// from the watch where the watch shows every write of the set's own
+/// ([`GroupExpectations`]) and lists them from the API server only where
+/// it does not: a cache behind the set's own creations would create a
+/// runner twice, one behind its deletions would count a runner that is
+/// going. Runners changed by others (the runner controller's status
+/// writes) are as current in the cache as they need be: every write the
+/// set makes on a runner is conditional on the version it read, and a
+/// refusal makes it read again.
+struct RunnerCache {
+    store: reflector::Store<EphemeralRunner>,
+    known: GroupExpectations,
+}
+
+impl RunnerCache {
+    /// The runners of the set `set` (its namespace, name and uid) as the
+    /// cache holds them, if it shows everything known of them.
+    fn runners_of(&self, namespace: &str, name: &str, uid: &str) -> Option<Vec<EphemeralRunner>> {
+        let mine: Vec<Arc<EphemeralRunner>> = self
+            .store
+            .state()
+            .into_iter()
+            .filter(|r| {
+                r.namespace().as_deref() == Some(namespace)
+                    && r.labels()
+                        .get(labels::EPHEMERAL_RUNNER_SET)
+                        .map(String::as_str)
+                        == Some(name)
+                    && r.owner_references().iter().any(|o| o.uid == uid)
+            })
+            .collect();
+        let cached = |runner: &str| {
+            mine.iter()
+                .find(|r| r.metadata.name.as_deref() == Some(runner))
+                .map(|r| &r.metadata)
+        };
+        self.known
+            .current(uid, cached)
+            .then(|| mine.iter().map(|r| EphemeralRunner::clone(r)).collect())
+    }
 }
 
 /// What the controller remembers of a set between passes. Nothing here is
@@ -98,6 +145,23 @@ impl Context {
             runner_cap: super::kit::DEFAULT_RUNNER_CAP,
             shards: crate::sharding::Shards::single(),
             memory: std::sync::Mutex::default(),
+            runner_cache: std::sync::Mutex::default(),
+        }
+    }
+
+    /// The runners' cache, while the controller runs.
+    fn runner_cache(&self) -> Option<Arc<RunnerCache>> {
+        self.runner_cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records what the API server said of the runner `name` of the set
+    /// whose uid is `set` (see [`GroupExpectations::record`]).
+    fn record_runner(&self, set: &str, name: &str, known: Option<Known>) {
+        if let Some(cache) = self.runner_cache() {
+            cache.known.record(set, name, known);
         }
     }
 
@@ -117,6 +181,9 @@ impl Context {
     fn release(&self, labels: &metrics::SetLabels, uid: &str) {
         self.metrics.forget(labels);
         self.forget(uid);
+        if let Some(cache) = self.runner_cache() {
+            cache.known.forget(uid);
+        }
     }
 
     /// Forgets the set whose uid is `uid`, but that it was released: it is
@@ -343,6 +410,11 @@ pub async fn run(
         None => (Api::all(ctx.client.clone()), Api::all(ctx.client.clone())),
     };
     let (reader, writer) = reflector::store();
+    let (runner_store, runner_writer) = reflector::store();
+    *ctx.runner_cache.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(RunnerCache {
+        store: runner_store,
+        known: GroupExpectations::new(&ctx.shards),
+    }));
     let on_delete = Arc::clone(&ctx);
     let (events, listed) = synced.on_listed(
         watcher(sets, crate::watch::config())
@@ -370,7 +442,9 @@ pub async fn run(
                 runners,
                 crate::watch::config().labels(labels::EPHEMERAL_RUNNER_SET),
             )
-            .backoff(crate::watch::WatchBackoff::default()),
+            .backoff(crate::watch::WatchBackoff::default())
+            .modify(crate::watch::without_managed_fields)
+            .reflect(runner_writer),
         ),
         ctx.metrics.clone(),
         ctx.controller_metrics.clone(),
@@ -405,6 +479,8 @@ pub async fn run(
         }
     });
     super::kit::until_shutdown(controller, &shutdown, listed).await;
+    // A store no watch feeds any more is never read.
+    *ctx.runner_cache.lock().unwrap_or_else(|e| e.into_inner()) = None;
 }
 
 /// Runner events turned into wake-ups of their sets, with what the filter

@@ -1,7 +1,8 @@
-//! What a pass decides on: the set, its runners listed from the API server
-//! (not a cache, so a runner just created is never missed and created
-//! twice), and what the controller remembers of the set; and the answers
-//! to the plan's requests for more ([`Need`](super::plan::Need)).
+//! What a pass decides on: the set, its runners (from the watch where it
+//! shows every write of the set's own, listed from the API server where it
+//! does not, so a runner just created is never missed and created twice:
+//! see `RunnerCache`), and what the controller remembers of the set; and
+//! the answers to the plan's requests for more ([`Need`](super::plan::Need)).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -59,15 +60,31 @@ pub(super) async fn observe(set: &EphemeralRunnerSet, ctx: &Context) -> Result<O
         name: name.clone(),
     };
     ctx.metrics.reconciled(&set_labels);
-    let api: Api<EphemeralRunner> = Api::namespaced(ctx.client.clone(), &namespace);
-    let runners: Vec<EphemeralRunner> = api
-        .list(&ListParams::default().labels(&format!("{}={name}", labels::EPHEMERAL_RUNNER_SET)))
-        .await
-        .map_err(Error::List)?
-        .items
-        .into_iter()
-        .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
-        .collect();
+    let cache = ctx.runner_cache();
+    let runners = match cache
+        .as_ref()
+        .and_then(|c| c.runners_of(&namespace, &name, &uid))
+    {
+        Some(runners) => runners,
+        None => {
+            let api: Api<EphemeralRunner> = Api::namespaced(ctx.client.clone(), &namespace);
+            let selector = format!("{}={name}", labels::EPHEMERAL_RUNNER_SET);
+            let runners: Vec<EphemeralRunner> = api
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .map_err(Error::List)?
+                .items
+                .into_iter()
+                .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
+                .collect();
+            if let Some(cache) = &cache {
+                cache
+                    .known
+                    .listed(&uid, runners.iter().map(|r| &r.metadata));
+            }
+            runners
+        }
+    };
     let now = Timestamp::now();
     // What a runner built now looks like, once for the pass.
     let template = new_runner(set, Creation::default());

@@ -2,10 +2,12 @@
 //! finalizer's compare-and-swap ([`finalizer`]), the condition setter
 //! ([`conditions`]), the event publisher ([`Publisher`]), the owned
 //! watches' filter ([`projection`]) and the deletions a re-list hides from
-//! them ([`relist`]), start-up and shutdown ([`Synced`], [`until_shutdown`])
+//! them ([`relist`]), when a watch cache may be decided on
+//! ([`expectations`]), start-up and shutdown ([`Synced`], [`until_shutdown`])
 //! and the label a failed reconcile is counted under ([`ErrorLabel`]).
 
 pub mod conditions;
+pub mod expectations;
 pub mod finalizer;
 pub mod projection;
 pub mod relist;
