@@ -9,6 +9,7 @@
 pub mod access;
 pub mod actions;
 pub mod api;
+pub mod backlog;
 pub mod causes;
 pub mod controllers;
 pub mod credentials;

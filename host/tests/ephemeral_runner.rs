@@ -149,6 +149,7 @@ impl World {
             metrics: self.metrics.clone(),
             unregistration: Default::default(),
             shards: arcwright::sharding::Shards::single(),
+            backlogs: Default::default(),
         };
         let config = Config {
             namespace: Some(self.env.namespace().to_string()),
@@ -563,6 +564,7 @@ async fn a_renewed_runner_runs_its_next_job_on_a_new_registration_and_pod() {
                 patch_id: 2,
                 set_generation: 1,
                 renewed_at: Time(jiff::Timestamp::now()),
+                previous: None,
             }),
             ..EphemeralRunnerStatus::default()
         }),

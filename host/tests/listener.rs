@@ -108,6 +108,7 @@ fn spec(service: &Service, min: u32, max: u32, policy: Option<PolicyRef>) -> Lis
         // its own.
         batch_window: Duration::ZERO,
         recording: None,
+        backlog: None,
     }
 }
 

@@ -113,6 +113,7 @@ fn expected() -> RunOptions {
             registration_timeout: Duration::from_secs(1200),
             max_runners_per_scale_set: 250,
             message_batch_window: Duration::from_millis(250),
+            renew_in_place: false,
         },
         actions: ActionsOptions {
             allow_plain_http: true,

@@ -564,6 +564,33 @@ pub struct RunnerRenewal {
     pub set_generation: i64,
     /// When.
     pub renewed_at: Time,
+    /// How the job before ended, when the runner was renewed the moment it
+    /// finished, by its own controller, because a job was waiting (see
+    /// [`crate::backlog`]): its status never said Succeeded, so the
+    /// renewal's one write says how the job before went. Absent when the
+    /// set renewed a runner whose status said it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<PreviousJob>,
+}
+
+/// How the job before a renewal ended, as the runner's controller saw it
+/// (see [`RunnerRenewal::previous`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreviousJob {
+    /// The registration that ran it.
+    pub runner_id: i64,
+    /// The job's id, if the listener had recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
+    /// The job's result, if the listener had recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_result: Option<String>,
+    /// The runner container's exit code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// When the runner's controller saw it end.
+    pub ended_at: Time,
 }
 
 /// The job fields of the status the listener writes (its record of the

@@ -23,7 +23,7 @@ pub use autoscaling_runner_set::{
 };
 pub use ephemeral_runner::{
     EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSpec, EphemeralRunnerStatus, JOB_FIELDS,
-    RunnerRenewal,
+    PreviousJob, RunnerRenewal,
 };
 pub use ephemeral_runner_set::{
     EphemeralRunnerSet, EphemeralRunnerSetPhase, EphemeralRunnerSetSpec, EphemeralRunnerSetStatus,

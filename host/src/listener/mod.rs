@@ -142,6 +142,9 @@ pub struct ListenerSpec {
     pub job_metrics: metrics::JobMetricLabels,
     /// Where its decisions and job events are recorded, if anywhere.
     pub recording: Option<crate::recording::Shared>,
+    /// Where it says how many jobs wait for a runner, and for which runner
+    /// set (see [`crate::backlog`]); `None` says it nowhere.
+    pub backlog: Option<(crate::backlog::Backlogs, crate::backlog::SetKey)>,
 }
 
 /// A running listener. Dropping it leaves the task running until the

@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use super::cluster::{ClusterView, RunnerJobs, RunnerSetTarget, ScaleSetStatus};
 use super::control::{ListenerConfig, ListenerControl, StartError};
 use super::{Backoff, CachedClient, ListenerHandle, ListenerMetrics, ListenerSpec};
+use crate::backlog::{Backlogs, SetKey};
 use crate::credentials::ActionsClients;
 use crate::policy::loader::PolicyLoader;
 use crate::policy::types::ScaleSet;
@@ -50,6 +51,7 @@ pub struct Supervisor {
     metrics: ListenerMetrics,
     recordings: Recordings,
     shards: Shards,
+    backlogs: Backlogs,
     shutdown: CancellationToken,
     running: Mutex<HashMap<Key, (ListenerConfig, ListenerHandle)>>,
 }
@@ -78,6 +80,7 @@ impl Supervisor {
             metrics: ListenerMetrics::default(),
             recordings: Recordings::off(),
             shards: Shards::single(),
+            backlogs: Backlogs::new(),
             shutdown,
             running: Mutex::new(HashMap::new()),
         }
@@ -115,6 +118,14 @@ impl Supervisor {
     /// (all of them unless told).
     pub fn with_shards(mut self, shards: Shards) -> Self {
         self.shards = shards;
+        self
+    }
+
+    /// Listeners say how many jobs wait for a runner in `backlogs`, which
+    /// the runner controller reads (see [`crate::backlog`]); a backlog of
+    /// their own, read by nobody, unless told.
+    pub fn with_backlogs(mut self, backlogs: Backlogs) -> Self {
+        self.backlogs = backlogs;
         self
     }
 
@@ -214,6 +225,10 @@ impl Supervisor {
             backoff: self.backoff,
             batch_window: self.batch_window,
             recording: self.recordings.open(&config.namespace, &config.name),
+            backlog: Some((
+                self.backlogs.clone(),
+                SetKey::new(&config.namespace, &config.runner_set_name),
+            )),
         }
     }
 }

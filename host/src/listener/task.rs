@@ -177,9 +177,23 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
         }
         self.status.health(Health::Stopped);
         self.spec.metrics.forget(&self.labels());
+        if let Some((backlogs, set)) = &self.spec.backlog {
+            backlogs.deaf(set);
+        }
         // Keep the policy (and its ConfigMap watch) alive to the end.
         drop(policy);
         Ok(())
+    }
+
+    /// Keeps what the service's statistics say: in the metrics, and, for
+    /// the runners finishing their jobs, how many jobs are assigned to the
+    /// scale set (see [`crate::backlog`]).
+    fn heard(&self, statistics: &RunnerScaleSetStatistic) {
+        self.spec.metrics.statistics(&self.labels(), statistics);
+        if let Some((backlogs, set)) = &self.spec.backlog {
+            let assigned = statistics.total_assigned_jobs.max(0);
+            backlogs.heard(set, u32::try_from(assigned).unwrap_or(u32::MAX));
+        }
     }
 
     /// Polls one session until it is beyond use or shutdown is asked for.
@@ -190,7 +204,7 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
         memory: &mut Memory,
     ) -> Ended {
         if let Some(statistics) = session.statistics() {
-            self.spec.metrics.statistics(&self.labels(), &statistics);
+            self.heard(&statistics);
             memory.statistics = Some(statistics);
         }
         // Everything between polls races shutdown too. A listener told to
@@ -324,7 +338,7 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
         // message whose acknowledgement failed is simply handled again.
         session.delete_message(message.id).await?;
         if let Some(statistics) = &plan.statistics {
-            self.spec.metrics.statistics(&self.labels(), statistics);
+            self.heard(statistics);
             memory.statistics = plan.statistics;
         }
         self.count_jobs(message);

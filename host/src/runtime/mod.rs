@@ -313,6 +313,13 @@ pub struct Shared {
     /// The scale sets this replica serves: all of them unless the fleet is
     /// split across replicas ([`shards`]).
     pub shards: crate::sharding::Shards,
+    /// What the listeners heard of jobs waiting and the runner sets' terms
+    /// of renewal, for the runners finishing their jobs
+    /// ([`crate::backlog`]).
+    pub backlogs: crate::backlog::Backlogs,
+    /// Whether the listeners say what they heard there
+    /// (`--renew-in-place`): if not, no runner is renewed in place.
+    pub renew_in_place: bool,
 }
 
 /// What held failed runners need from the flags.
@@ -440,6 +447,8 @@ impl Shared {
             message_batch_window: options.controllers.message_batch_window,
             recordings: options.policies.recordings(),
             shards: crate::sharding::Shards::single(),
+            backlogs: crate::backlog::Backlogs::new(),
+            renew_in_place: options.controllers.renew_in_place,
         })
     }
 }
@@ -902,6 +911,7 @@ mod tests {
                 registration_timeout: Duration::from_secs(600),
                 max_runners_per_scale_set: 1000,
                 message_batch_window: Duration::from_secs(2),
+                renew_in_place: false,
             },
             actions: ActionsOptions {
                 allow_plain_http: false,

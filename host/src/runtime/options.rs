@@ -550,6 +550,13 @@ pub struct ControllerOptions {
         value_parser = parse_duration
     )]
     pub message_batch_window: Duration,
+    /// Renew a runner in place the moment it finishes its job, when its
+    /// listener last heard of a job waiting for it: one status write and
+    /// no wait for the next scaling decision (see the architecture doc,
+    /// "Renewal in place"). Off: a finished runner is renewed by its set
+    /// under the listener's next decision.
+    #[arg(long, env = "ARCWRIGHT_RENEW_IN_PLACE")]
+    pub renew_in_place: bool,
 }
 
 /// How shutdown is bounded.
@@ -649,6 +656,7 @@ mod tests {
                     registration_timeout,
                     max_runners_per_scale_set,
                     message_batch_window,
+                    renew_in_place,
                 },
             shutdown: ShutdownOptions { shutdown_timeout },
             election,
@@ -657,6 +665,7 @@ mod tests {
             actions,
         } = parse(&[]).unwrap();
         assert!(!actions.allow_plain_http, "tokens go over https only");
+        assert!(!renew_in_place);
         assert_eq!(
             (
                 actions.actions_call_timeout,

@@ -66,6 +66,7 @@ async fn ephemeral_runners(ctx: Context) -> Result<(), BoxError> {
         metrics: shared.controllers.clone(),
         unregistration: shared.unregistration.clone(),
         shards: shared.shards.clone(),
+        backlogs: shared.backlogs.clone(),
     };
     let pool = PoolConfig {
         workers: usize::from(shared.unregistration_workers),
@@ -104,6 +105,7 @@ async fn ephemeral_runner_sets(ctx: Context) -> Result<(), BoxError> {
     context.controller_metrics = shared.controllers.clone();
     context.runner_cap = shared.max_runners_per_scale_set;
     context.shards = shared.shards.clone();
+    context.backlogs = shared.backlogs.clone();
     let context = Arc::new(context);
     join_all(scopes.iter().map(|namespace| {
         ephemeral_runner_set::run(
@@ -152,6 +154,11 @@ async fn autoscaling_runner_sets(ctx: Context) -> Result<(), BoxError> {
     .with_batch_window(shared.message_batch_window)
     .with_recordings(shared.recordings.clone())
     .with_shards(shared.shards.clone());
+    let supervisor = if shared.renew_in_place {
+        supervisor.with_backlogs(shared.backlogs.clone())
+    } else {
+        supervisor
+    };
     let context = Arc::new(
         SetContext::new(
             shared.client.clone(),

@@ -47,6 +47,11 @@ use crate::{ScaleSet, Stack, StackConfig};
 /// The scale set's name, and the jobs' only label.
 const SET: &str = "bench";
 
+/// Set to a path, the API server's audit log of arcwright's part is copied
+/// there before the floor runs: the log of every request, to see what a
+/// job's writes were, one by one.
+pub const KEEP_AUDIT: &str = "ARCWRIGHT_BENCH_KEEP_AUDIT";
+
 /// How the jobs arrive.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Arrival {
@@ -296,6 +301,10 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
     let requests = stack
         .host_apiserver_requests(window_start, window_end)
         .context("the audit log is readable")?;
+    if let (Some(kept), Some(log)) = (std::env::var_os(KEEP_AUDIT), stack.audit_log()) {
+        std::fs::copy(log, &kept).context("keeping the audit log")?;
+        progress(&format!("kept the audit log in {}", kept.to_string_lossy()));
+    }
     let per_job = |n: u64| n as f64 / f64::from(jobs);
     let host_cpu = usage.cpu.saturating_sub(cpu_before);
     progress(&format!(

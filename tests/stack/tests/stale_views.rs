@@ -126,7 +126,13 @@ async fn no_earlier_view_of_a_runner_or_a_set_leads_to_a_harmful_step() {
             Ok(plan) => plan,
             // A question to the service or a policy is answered before any
             // step; what it would lead to is not replayed here.
-            Err(Need::HeldCount | Need::Presence(_) | Need::Verdict(_) | Need::HookObjects) => {
+            Err(
+                Need::HeldCount
+                | Need::Presence(_)
+                | Need::Verdict(_)
+                | Need::HookObjects
+                | Need::Renewal,
+            ) => {
                 asked += 1;
                 continue;
             }
@@ -139,9 +145,10 @@ async fn no_earlier_view_of_a_runner_or_a_set_leads_to_a_harmful_step() {
         );
         for step in &plan.steps {
             let harmful = match step {
-                Step::DeletePod { .. } | Step::ForceDeletePod { .. } | Step::Deregister { .. } => {
-                    busy.contains(&name)
-                }
+                Step::DeletePod { .. }
+                | Step::ForceDeletePod { .. }
+                | Step::Deregister { .. }
+                | Step::Renew { .. } => busy.contains(&name),
                 Step::Register { .. } => secrets.contains_key(&name),
                 _ => false,
             };

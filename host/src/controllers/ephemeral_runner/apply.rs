@@ -20,7 +20,7 @@ use super::resources::{jit_secret, runner_pod};
 use super::{Context, EphemeralRunnerError, github_target, kube_error};
 use crate::actions::{ActionsClient, ActionsError, JitConfig, JitRunnerSetting};
 use crate::api::ephemeral_runner::EventReason;
-use crate::api::{EphemeralRunner, annotations, field_managers, finalizers};
+use crate::api::{EphemeralRunner, EphemeralRunnerStatus, annotations, field_managers, finalizers};
 use crate::controllers::kit::expectations::Known;
 use crate::controllers::kit::{Notice, finalizer};
 
@@ -63,6 +63,9 @@ pub(super) async fn apply(
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let mut applied = Applied::default();
+    // The runner as renewed in place, once it is: the pod after the
+    // renewal is made for the renewal.
+    let mut renewed: Option<EphemeralRunner> = None;
     for step in &plan.steps {
         match step {
             Step::AddFinalizer => finalizer::add(
@@ -89,8 +92,22 @@ pub(super) async fn apply(
                 let replacing = replacing.as_deref();
                 register(runner, ctx, &runners, &secrets, replacing, record.as_ref()).await?;
             }
+            Step::Renew {
+                replacing,
+                renewal,
+                resource_version,
+                registered,
+            } => {
+                let replacing = replacing.as_deref();
+                let under = RenewalUnder {
+                    renewal,
+                    resource_version: resource_version.as_deref(),
+                    registered: registered.as_ref(),
+                };
+                renewed = Some(renew(runner, ctx, &runners, &secrets, replacing, under).await?);
+            }
             Step::CreatePod => {
-                let pod = runner_pod(runner, &ctx.config.user_agent);
+                let pod = runner_pod(renewed.as_ref().unwrap_or(runner), &ctx.config.user_agent);
                 match pods.create(&post_params(), &pod).await {
                     // No event (see `Step::Event`).
                     Ok(pod) => {
@@ -298,6 +315,25 @@ async fn register(
     record: Option<&RegistrationRecord>,
 ) -> Result<(), EphemeralRunnerError> {
     let name = runner.name_any();
+    let (runner_id, runner_name) = register_into_secret(runner, ctx, secrets, replacing).await?;
+    if let Some(record) = record {
+        patch_status(runners, &name, &record.change(runner_id, &runner_name)).await?;
+    }
+    // No event (see `Step::Event`): the Registered condition says it.
+    tracing::debug!(runner = %name, runner_id, "registered");
+    Ok(())
+}
+
+/// Registers `runner` (a JIT config) and stores the config in its Secret,
+/// made for the renewal `runner`'s status names: the registration's id and
+/// name. A registration whose Secret cannot be written is removed.
+async fn register_into_secret(
+    runner: &EphemeralRunner,
+    ctx: &Context,
+    secrets: &Api<Secret>,
+    replacing: Option<&str>,
+) -> Result<(i64, String), EphemeralRunnerError> {
+    let name = runner.name_any();
     let scale_set = runner.spec.runner_scale_set_id;
     let client = ctx.deps.clients.get(&github_target(runner)).await?;
     let setting = JitRunnerSetting {
@@ -335,12 +371,76 @@ async fn register(
         }
         return Err(kube_error("write the JIT config Secret")(error));
     }
-    if let Some(record) = record {
-        patch_status(runners, &name, &record.change(runner_id, &jit.runner.name)).await?;
-    }
-    // No event (see `Step::Event`): the Registered condition says it.
-    tracing::debug!(runner = %name, runner_id, scale_set, "registered");
-    Ok(())
+    Ok((runner_id, jit.runner.name.clone()))
+}
+
+/// What a renewal in place is written under: the renewal, and the
+/// resourceVersion of the runner the pass read.
+struct RenewalUnder<'a> {
+    renewal: &'a crate::api::RunnerRenewal,
+    resource_version: Option<&'a str>,
+    /// The registration the Secret holds for the renewal already.
+    registered: Option<&'a (i64, String)>,
+}
+
+/// Renews `runner` in place (see `Step::Renew`): a new registration into
+/// its Secret, then the whole status written anew with it, on the
+/// condition that the runner is still the version the pass read. The
+/// runner as renewed, from which its next pod is made.
+///
+/// A status write refused because the runner changed since (the
+/// listener's record of the job just ended, typically) is made once more
+/// on the runner as it is now, if no renewal came in between. One that
+/// does not go through leaves the Secret a renewal ahead of the status,
+/// which the next pass completes (`plan::renew::resume`): the registration
+/// is on record in the Secret, and is never lost.
+async fn renew(
+    runner: &EphemeralRunner,
+    ctx: &Context,
+    runners: &Api<EphemeralRunner>,
+    secrets: &Api<Secret>,
+    replacing: Option<&str>,
+    under: RenewalUnder<'_>,
+) -> Result<EphemeralRunner, EphemeralRunnerError> {
+    let name = runner.name_any();
+    let mut next = EphemeralRunner {
+        status: Some(EphemeralRunnerStatus {
+            renewal: Some(under.renewal.clone()),
+            ..EphemeralRunnerStatus::default()
+        }),
+        ..runner.clone()
+    };
+    next.metadata.resource_version = under.resource_version.map(str::to_owned);
+    let (runner_id, runner_name) = match under.registered {
+        Some(registered) => registered.clone(),
+        None => register_into_secret(&next, ctx, secrets, replacing).await?,
+    };
+    let at = under.renewal.renewed_at.0;
+    next.status = Some(EphemeralRunnerStatus {
+        renewal: Some(under.renewal.clone()),
+        ..super::plan::registered_status(runner_id, &runner_name, at)
+    });
+    let written = match runners.replace_status(&name, &post_params(), &next).await {
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let now = runners
+                .get_status(&name)
+                .await
+                .map_err(kube_error("read the runner renewed"))?;
+            let renewals = now
+                .status
+                .as_ref()
+                .map_or(0, EphemeralRunnerStatus::renewals);
+            if renewals.saturating_add(1) != under.renewal.count {
+                return Err(EphemeralRunnerError::RenewedMeanwhile(name));
+            }
+            next.metadata.resource_version = now.metadata.resource_version;
+            runners.replace_status(&name, &post_params(), &next).await
+        }
+        written => written,
+    };
+    let written = written.map_err(kube_error("write the runner's renewal"))?;
+    tracing::debug!(runner = %name, runner_id, renewal = under.renewal.count, "renewed in place");
+    Ok(written)
 }
 
 /// The encoded config, only ever handed to the Secret.

@@ -102,6 +102,11 @@ pub enum EphemeralRunnerError {
     /// The service said the name was taken, but then did not find it.
     #[error("the service reported the runner name {0:?} taken but does not find it; retrying")]
     NameTakenButAbsent(String),
+    /// The runner was renewed by someone else while this pass renewed it;
+    /// the registration this pass made is in its Secret, and the next pass
+    /// decides on it.
+    #[error("the runner {0:?} was renewed while this pass renewed it; looking again")]
+    RenewedMeanwhile(String),
 }
 
 impl ErrorLabel for EphemeralRunnerError {
@@ -113,6 +118,7 @@ impl ErrorLabel for EphemeralRunnerError {
             Self::Policy(_) => "policy",
             Self::NameTakenElsewhere { .. } => "name_taken_elsewhere",
             Self::NameTakenButAbsent(_) => "name_taken_but_absent",
+            Self::RenewedMeanwhile(_) => "renewed_meanwhile",
         }
     }
 }
@@ -194,6 +200,10 @@ pub struct Dependencies {
     /// The scale sets this replica serves ([`crate::sharding`]): a runner
     /// is served, and unregistered, with its scale set.
     pub shards: crate::sharding::Shards,
+    /// What the listeners heard of jobs waiting and the sets' terms of
+    /// renewal: a runner finishing its job is renewed in place on them
+    /// ([`crate::backlog`]).
+    pub backlogs: crate::backlog::Backlogs,
 }
 
 /// What every reconcile reads.

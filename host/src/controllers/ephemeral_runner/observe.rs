@@ -15,6 +15,7 @@ use super::resources::{read_jit_secret, read_jit_secret_meta};
 use super::{Context, EphemeralRunnerError, github_target, kube_error};
 use crate::actions::ActionsError;
 use crate::api::{EphemeralRunner, EphemeralRunnerPhase, annotations, labels};
+use crate::backlog::{Peer, SetKey};
 use crate::controllers::kit::expectations::{Known, Look};
 use crate::unregistration::Removal;
 use std::time::Duration;
@@ -141,6 +142,7 @@ fn observed<'a>(
         held: None,
         hook_objects: None,
         refused_pod: None,
+        renewal: None,
         now,
     }
 }
@@ -466,6 +468,46 @@ async fn hook_objects(
         + secrets.items.iter().filter(|s| live(&s.metadata)).count())
 }
 
+/// Asks the runner's set whether the runner, which just finished its job,
+/// is renewed in place for a job waiting ([`crate::backlog`]), counting the
+/// set's other runners as the controller's watch shows them.
+fn renewal_grant(runner: &EphemeralRunner, ctx: &Context) -> Option<plan::RenewalGrant> {
+    let namespace = runner.namespace()?;
+    let set = runner.labels().get(labels::EPHEMERAL_RUNNER_SET)?;
+    let of_set = |r: &EphemeralRunner| {
+        r.metadata.namespace.as_deref() == Some(namespace.as_str())
+            && r.labels().get(labels::EPHEMERAL_RUNNER_SET) == Some(set)
+    };
+    let peers: Vec<Peer> = ctx
+        .runners
+        .state()
+        .iter()
+        .filter(|r| of_set(r))
+        .map(|r| {
+            let status = r.status.as_ref();
+            Peer {
+                name: r.name_any(),
+                live: r.metadata.deletion_timestamp.is_none()
+                    && matches!(
+                        status.and_then(|s| s.phase).unwrap_or_default(),
+                        EphemeralRunnerPhase::Pending | EphemeralRunnerPhase::Running
+                    ),
+            }
+        })
+        .collect();
+    ctx.deps
+        .backlogs
+        .claim(
+            &SetKey::new(&namespace, set),
+            &runner.name_any(),
+            &peers,
+            |terms| terms.admit(runner),
+        )
+        .map(|terms| plan::RenewalGrant {
+            set_generation: terms.generation,
+        })
+}
+
 /// Reads the runner's pod and Secret, asks the pool about its registration,
 /// and runs the plan, answering what it needs until it decides.
 pub(super) async fn observe_and_plan<'a>(
@@ -534,6 +576,7 @@ pub(super) async fn observe_and_plan<'a>(
             Err(Need::HookObjects) => {
                 observed.hook_objects = Some(hook_objects(runner, ctx).await?);
             }
+            Err(Need::Renewal) => observed.renewal = Some(renewal_grant(runner, ctx)),
             Err(Need::Presence(runner_id)) => {
                 let client = ctx.deps.clients.get(&github_target(runner)).await?;
                 observed.presence = Some(match client.get_runner(runner_id).await {

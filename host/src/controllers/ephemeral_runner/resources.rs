@@ -723,6 +723,7 @@ mod tests {
                 renewed_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                     jiff::Timestamp::UNIX_EPOCH,
                 ),
+                previous: None,
             }),
             ..Default::default()
         });

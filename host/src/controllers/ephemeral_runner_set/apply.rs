@@ -116,6 +116,7 @@ impl<'a> Apply<'a> {
                     patch_id: under.patch_id,
                     set_generation: under.set_generation,
                     renewed_at: Time(now),
+                    previous: None,
                 }),
                 ..EphemeralRunnerStatus::default()
             }),

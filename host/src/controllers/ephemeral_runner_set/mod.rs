@@ -33,6 +33,7 @@ use kube::runtime::{WatchStreamExt, applier, watcher};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{EphemeralRunner, EphemeralRunnerSet, labels};
+use crate::backlog::{SetKey, Terms};
 use crate::controllers::kit::expectations::{GroupExpectations, Known};
 use crate::controllers::kit::{ErrorLabel, relist};
 use crate::controllers::metrics::ControllerMetrics;
@@ -65,6 +66,9 @@ pub struct Context {
     /// The scale sets this replica serves ([`crate::sharding`]): a runner
     /// set is served with its scale set.
     pub shards: crate::sharding::Shards,
+    /// Where each set says on what terms its runners are renewed in place
+    /// by their own controller when they finish ([`crate::backlog`]).
+    pub backlogs: crate::backlog::Backlogs,
     /// What the controller remembers of each set between passes, by uid.
     memory: std::sync::Mutex<std::collections::HashMap<String, SetMemory>>,
     /// The runners as the controller's watch holds them, while it runs.
@@ -144,6 +148,7 @@ impl Context {
             controller_metrics: ControllerMetrics::default(),
             runner_cap: super::kit::DEFAULT_RUNNER_CAP,
             shards: crate::sharding::Shards::single(),
+            backlogs: crate::backlog::Backlogs::new(),
             memory: std::sync::Mutex::default(),
             runner_cache: std::sync::Mutex::default(),
         }
@@ -179,6 +184,8 @@ impl Context {
     /// finalizer removed) or gone (whoever deleted it): its series go, and
     /// what the controller remembers of it but that.
     fn release(&self, labels: &metrics::SetLabels, uid: &str) {
+        self.backlogs
+            .offer(&SetKey::new(&labels.namespace, &labels.name), None);
         self.metrics.forget(labels);
         self.forget(uid);
         if let Some(cache) = self.runner_cache() {
@@ -230,6 +237,22 @@ async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Ac
     let observed = observe::observe(&set, &ctx).await?;
     let plan = plan::plan(&observed.set, &observed.views);
     tracing::debug!(set = %set.name_any(), ?plan, "planned");
+    // Said before the writes: a runner finishing meanwhile is renewed on
+    // what this pass found, as the pass's own renewals are.
+    let terms = plan::renewal_terms(&observed.set, &plan).map(|applied_revision| {
+        Arc::new(Terms {
+            prototype: observed.template.clone(),
+            applied_revision,
+            generation: observed.set.generation,
+        })
+    });
+    ctx.backlogs.offer(
+        &SetKey::new(
+            &observed.metric_labels.namespace,
+            &observed.metric_labels.name,
+        ),
+        terms,
+    );
     let apply = Apply::new(&ctx, &set);
     if plan.add_finalizer {
         apply.add_finalizer().await?;

@@ -254,21 +254,7 @@ impl<'a> Reading<'a> {
     /// change does not move the revision) is not renewed: it ends, and a
     /// new one is built.
     fn built_as(&self, template: &EphemeralRunner) -> bool {
-        let has_all = |want: &BTreeMap<String, String>, have: &BTreeMap<String, String>| {
-            want.iter()
-                .filter(|(key, _)| {
-                    ![
-                        annotations::PATCH_ID,
-                        annotations::REVISION,
-                        annotations::SET_GENERATION,
-                    ]
-                    .contains(&key.as_str())
-                })
-                .all(|(key, value)| have.get(key) == Some(value))
-        };
-        *self.spec == template.spec
-            && has_all(template.labels(), self.labels)
-            && has_all(template.annotations(), self.annotations)
+        crate::backlog::built_as(self.spec, self.labels, self.annotations, template)
     }
 }
 

@@ -412,6 +412,7 @@ mod tests {
                     patch_id: 4,
                     set_generation: 2,
                     renewed_at: Time("2026-12-01T00:00:09Z".parse().unwrap()),
+                    previous: None,
                 });
             }),
             ("deleted", |r| {

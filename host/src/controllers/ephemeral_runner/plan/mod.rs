@@ -98,7 +98,16 @@
 //!     `lifecycle::a_later_registration_is_recorded_with_the_registration_step`,
 //!     `deletion::a_lost_secret_means_a_new_registration_after_the_old_one_goes`).
 //! 12. A runner that ends in this pass goes on to its ending (rule 7) in
-//!     the same pass ([`plan`]; `lifecycle::the_lifecycle_table`).
+//!     the same pass ([`plan`]; `lifecycle::the_lifecycle_table`); one that
+//!     succeeded, its registration gone, is renewed in place instead when
+//!     its set says a job waits for it (`renew::in_place`;
+//!     `renewal::a_runner_finishing_while_a_job_waits_is_renewed_in_one_status_write`).
+//!
+//! And before them all, rule 0: a Secret made for the renewal after the
+//! status's (a renewal in place whose status write did not go through)
+//! holds a live registration; the renewal is completed with it, its
+//! status written, before anything else is decided (`renew::resume`;
+//! `renewal::a_renewal_whose_status_write_failed_is_completed_from_its_secret`).
 //! 13. A first registration is copied from its Secret into the status with
 //!     the next status write, and the status write goes first (`Pass::finish`;
 //!     `lifecycle::a_first_registration_is_copied_into_the_status_with_the_next_write`).
@@ -107,6 +116,7 @@ mod delete;
 mod hold;
 mod recycle;
 mod register;
+mod renew;
 mod run;
 mod status;
 #[cfg(test)]
@@ -325,8 +335,20 @@ pub struct Observed<'a> {
     /// Why the API server refused the runner pod this reconcile asked for
     /// (a 422: the pod the template makes is invalid), when it did.
     pub refused_pod: Option<String>,
+    /// Whether the runner, finishing its job in this pass, is renewed in
+    /// place for a job waiting, when the plan asked ([`Need::Renewal`]):
+    /// `Some(None)` for no.
+    pub renewal: Option<Option<RenewalGrant>>,
     /// Now.
     pub now: Timestamp,
+}
+
+/// A renewal in place granted on the runner set's terms (see
+/// [`crate::backlog`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenewalGrant {
+    /// The set's generation the terms were offered at.
+    pub set_generation: i64,
 }
 
 /// An answer the plan needs before it can decide.
@@ -345,6 +367,9 @@ pub enum Need {
     /// Count the pods and Secrets the runner container hooks made for the
     /// runner (label `runner-pod=<runner>`) that are not being deleted.
     HookObjects,
+    /// Ask the runner's set whether a job waits for the runner, which just
+    /// finished its job (see [`crate::backlog`]).
+    Renewal,
 }
 
 /// One thing to do.
@@ -371,6 +396,25 @@ pub enum Step {
         /// The status write recording the registration, for one after the
         /// first.
         record: Option<RegistrationRecord>,
+    },
+    /// Renew the runner in place, for a job waiting: register it anew
+    /// into its Secret (`replacing` names the version of the Secret of the
+    /// job before, written over), then write its whole status anew as
+    /// `renewal`, with the registration, in one write. The pod of the job
+    /// before is deleted and the next one created by the steps after,
+    /// from the runner as renewed.
+    Renew {
+        /// The resourceVersion of the Secret written over, if there is one.
+        replacing: Option<String>,
+        /// The renewal, the job before's outcome included.
+        renewal: crate::api::RunnerRenewal,
+        /// The resourceVersion of the runner the pass read: the status is
+        /// written on the condition it is still that one.
+        resource_version: Option<String>,
+        /// The registration already in the Secret, made for this renewal
+        /// by a renewal whose status write did not go through: then no
+        /// registration is made, and the status records this one.
+        registered: Option<(i64, String)>,
     },
     /// Create the runner pod from the template.
     CreatePod,
@@ -620,6 +664,31 @@ fn without_earlier_job(
     Some(without)
 }
 
+/// The status of a runner just registered as `runner_id`, named
+/// `runner_name`, at `at`: nothing else in it.
+pub fn registered_status(
+    runner_id: i64,
+    runner_name: &str,
+    at: Timestamp,
+) -> EphemeralRunnerStatus {
+    let mut conditions = Vec::new();
+    crate::controllers::kit::conditions::set(
+        &mut conditions,
+        setting(
+            crate::api::ephemeral_runner::RegisteredReason::JitConfigCreated,
+            &format!("registered as runner {runner_id}"),
+        ),
+        at,
+    );
+    EphemeralRunnerStatus {
+        phase: Some(EphemeralRunnerPhase::Pending),
+        runner_id,
+        runner_name: Some(runner_name.to_owned()),
+        conditions,
+        ..EphemeralRunnerStatus::default()
+    }
+}
+
 /// Decides one reconcile of an EphemeralRunner; see the module docs for
 /// the rules.
 pub fn plan(obs: &Observed<'_>, settings: &Settings) -> Result<Plan, Need> {
@@ -662,6 +731,10 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings) -> Result<Plan, Need> {
     };
     let holds_finalizer = finalizer::held(runner, &finalizers::EPHEMERAL_RUNNER);
 
+    // Rule 0.
+    if let Some(secret) = obs.secret.as_ref().filter(|s| s.renewal == renewals + 1) {
+        return Ok(renew::resume(pass, secret));
+    }
     // Rule 1.
     if runner.metadata.deletion_timestamp.is_some() {
         if !holds_finalizer {
@@ -739,6 +812,9 @@ pub fn plan(obs: &Observed<'_>, settings: &Settings) -> Result<Plan, Need> {
     if let Some(phase) = ended.phase.filter(|p| p.is_done())
         && let delete::Registration::Gone = delete::ensure_gone(&mut pass, &ended, true)?
     {
+        if renew::in_place(&mut pass, &ended, phase)? {
+            return Ok(pass.plan);
+        }
         let current = pass.obs;
         delete::clean_up(&mut pass, current, delete::Keep::for_ended(phase));
     }

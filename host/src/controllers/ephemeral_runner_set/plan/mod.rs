@@ -349,6 +349,23 @@ impl Plan {
     }
 }
 
+/// The applied revision a set renews its runners on, if it renews any now
+/// (see [`crate::backlog`]): not while it is being deleted or without its
+/// finalizer, not while a revision cleanup is under way (the plan's status
+/// moves the applied revision once it is done), and not while a runner of
+/// the applied revision reports Outdated (rule 4: a runner of that spec
+/// would only report Outdated again). The same conditions as the set's own
+/// renewals (rule 3).
+pub fn renewal_terms(set: &SetView, plan: &Plan) -> Option<i64> {
+    let status = plan.status.as_ref().unwrap_or(&set.status);
+    let open = !set.deleting
+        && set.has_finalizer
+        && !plan.add_finalizer
+        && status.applied_actionable_revision >= set.actionable_revision
+        && status.phase != Some(EphemeralRunnerSetPhase::Outdated);
+    open.then_some(status.applied_actionable_revision)
+}
+
 /// Decides what the set does next.
 pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
     if set.deleting {

@@ -161,6 +161,7 @@ impl Runner {
                     patch_id: 4,
                     set_generation: 1,
                     renewed_at: Time(at(0)),
+                    previous: None,
                 }),
                 ..EphemeralRunnerStatus::default()
             }
@@ -226,6 +227,7 @@ pub(super) struct Case {
     pub(super) held: Option<usize>,
     pub(super) hook_objects: Option<usize>,
     pub(super) refused_pod: Option<String>,
+    pub(super) renewal: Option<Option<RenewalGrant>>,
     pub(super) now: i64,
 }
 
@@ -243,6 +245,9 @@ pub(super) fn case(runner: Runner) -> Case {
         held: None,
         hook_objects: None,
         refused_pod: None,
+        // Asked, and no job waits: what every case but those about a
+        // renewal in place assumes.
+        renewal: Some(None),
         now: 10,
     }
 }
@@ -280,6 +285,11 @@ impl Case {
         self.now = now;
         self
     }
+    /// What the set says of a renewal in place (`None`: not asked).
+    pub(super) fn renewal(mut self, renewal: Option<Option<RenewalGrant>>) -> Self {
+        self.renewal = renewal;
+        self
+    }
     pub(super) fn held(mut self, held: usize) -> Self {
         self.held = Some(held);
         self
@@ -312,15 +322,16 @@ impl Case {
             held: self.held,
             hook_objects: self.hook_objects,
             refused_pod: self.refused_pod.clone(),
+            renewal: self.renewal,
             now: at(self.now),
         };
         plan(&obs, &settings())
     }
-    /// The steps, with the deregistration policy's verdict, if the
-    /// plan asks for one the case did not give, answered as the
-    /// bundled default does for these cases (a runner that exited 0
-    /// removed its registration itself; anything else is removed now).
-    pub(super) fn steps(&self) -> Vec<Step> {
+    /// The plan, with the deregistration policy's verdict, if the plan
+    /// asks for one the case did not give, answered as the bundled default
+    /// does for these cases (a runner that exited 0 removed its
+    /// registration itself; anything else is removed now).
+    fn planned(&self) -> Result<Plan, Need> {
         match self.run() {
             Err(Need::Verdict(ending)) if self.verdict.is_none() => {
                 let verdict = if ending.exit_code == Some(0) {
@@ -328,14 +339,18 @@ impl Case {
                 } else {
                     Verdict::RemoveNow
                 };
-                self.clone()
-                    .verdict(verdict)
-                    .run()
-                    .expect("no more input needed")
-                    .steps
+                self.clone().verdict(verdict).run()
             }
-            planned => planned.expect("no input needed").steps,
+            planned => planned,
         }
+    }
+    /// The steps, described, or the first need but the verdict.
+    pub(super) fn steps_or_need(&self) -> Result<Vec<String>, Need> {
+        self.planned().map(|plan| describe(&plan.steps))
+    }
+    /// The steps (see [`Case::planned`]).
+    pub(super) fn steps(&self) -> Vec<Step> {
+        self.planned().expect("no more input needed").steps
     }
 }
 
@@ -361,6 +376,7 @@ pub(super) fn kinds(steps: &[Step]) -> Vec<&'static str> {
             Step::RemoveFinalizer => "remove-finalizer",
             Step::PatchStatus(_) => "status",
             Step::Register { .. } => "register",
+            Step::Renew { .. } => "renew",
             Step::CreatePod => "create-pod",
             Step::DeletePod { .. } => "delete-pod",
             Step::ForceDeletePod { .. } => "force-delete-pod",
@@ -420,6 +436,30 @@ fn describe_step(step: &Step) -> String {
                 .unwrap_or_default(),
             if record.is_some() { " recorded" } else { "" },
         ),
+        Step::Renew {
+            replacing,
+            renewal,
+            registered,
+            ..
+        } => {
+            let previous = renewal.previous.as_ref();
+            format!(
+                "renew {} previous={}/{}{}{}",
+                renewal.count,
+                previous.map_or(0, |p| p.runner_id),
+                previous
+                    .and_then(|p| p.exit_code)
+                    .map_or("-".into(), |c| c.to_string()),
+                replacing
+                    .as_ref()
+                    .map(|v| format!(" over secret@{v}"))
+                    .unwrap_or_default(),
+                registered
+                    .as_ref()
+                    .map(|(id, _)| format!(" with {id}"))
+                    .unwrap_or_default(),
+            )
+        }
         Step::DeletePod { uid } => format!("delete-pod {uid}"),
         Step::ForceDeletePod { uid } => format!("force-delete-pod {uid}"),
         Step::Deregister { runner_id } => format!("deregister {runner_id}"),

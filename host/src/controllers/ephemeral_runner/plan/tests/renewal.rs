@@ -157,3 +157,86 @@ fn a_renewed_runner_deleted_cleans_up_the_job_befores_objects() {
         ]
     );
 }
+
+#[test]
+fn a_runner_finishing_while_a_job_waits_is_renewed_in_one_status_write() {
+    let finishing = || {
+        case(Runner::new().registered(7).phase(Running).with_job())
+            .secret(7)
+            .pod(exited(0))
+    };
+    // The set is asked only once the runner's registration is proven
+    // gone (the runner exited 0: it removed it itself).
+    assert_eq!(
+        finishing().renewal(None).steps_or_need(),
+        Err(Need::Renewal)
+    );
+    // No job waits: it ends as before, its Secret kept for the set.
+    let ended = finishing().steps();
+    assert_eq!(
+        kinds(&ended),
+        ["status", "count", "delete-pod"],
+        "{ended:?}"
+    );
+    assert_eq!(status_of(&ended).phase, Some(Succeeded));
+    // A job waits: registered anew over its Secret, the whole status
+    // written once with the renewal and how the job before went, the pod
+    // of the job before deleted and the next created. No Succeeded write.
+    let grant = RenewalGrant { set_generation: 3 };
+    let steps = finishing().renewal(Some(Some(grant))).steps();
+    assert_eq!(
+        describe(&steps),
+        [
+            "count self-deregistered skipped",
+            "renew 1 previous=7/0 over secret@1",
+            "delete-pod pod-1",
+            "create-pod",
+        ]
+    );
+    let Some(Step::Renew { renewal, .. }) = steps.iter().find(|s| matches!(s, Step::Renew { .. }))
+    else {
+        unreachable!()
+    };
+    assert_eq!((renewal.patch_id, renewal.set_generation), (0, 3));
+    let previous = renewal.previous.as_ref().expect("the job before's outcome");
+    assert_eq!(previous.job_id.as_deref(), Some("job"));
+
+    // A runner that failed, or whose registration is not proven gone, is
+    // never renewed in place: the set is not even asked.
+    let failed = case(Runner::new().registered(7).phase(Running).with_job())
+        .secret(7)
+        .pod(exited(1))
+        .renewal(None);
+    assert_ne!(failed.steps_or_need(), Err(Need::Renewal));
+    let removal_asked = case(Runner::new().registered(7).phase(Running).with_job())
+        .secret(7)
+        .pod(exited(0))
+        .verdict(Verdict::RemoveNow)
+        .renewal(None);
+    assert_ne!(removal_asked.steps_or_need(), Err(Need::Renewal));
+}
+
+#[test]
+fn a_renewal_whose_status_write_failed_is_completed_from_its_secret() {
+    // The Secret was written for renewal 1, the status still says the job
+    // before: the Secret's registration 9 is live and recorded nowhere
+    // else. Completed first, whatever else holds, deletion included.
+    for runner in [
+        Runner::new().registered(7).phase(Running).with_job(),
+        Runner::new().registered(7).phase(Running).deleting(),
+    ] {
+        let steps = case(runner.clone())
+            .secret(9)
+            .made_for(1)
+            .pod(exited(0))
+            .steps();
+        assert_eq!(
+            describe(&steps),
+            ["renew 1 previous=7/0 with 9", "delete-pod pod-1"],
+            "{steps:?}"
+        );
+        // A pod made for the renewal already is its own, not deleted.
+        let steps = case(runner).secret(9).pod(exited(0)).made_for(1).steps();
+        assert_eq!(describe(&steps), ["renew 1 previous=7/- with 9"]);
+    }
+}
