@@ -12,7 +12,9 @@
 //! through the API server:
 //!
 //! - the listener says, with every message that carries statistics, how
-//!   many jobs are assigned to the scale set ([`Backlogs::heard`]);
+//!   many jobs the scale set has: acquired and not running yet (the
+//!   service keeps what is past the capacity the listener announces
+//!   acquired, not assigned), or running ([`Backlogs::heard`]);
 //! - the runner set says, with every pass, whether it renews runners now
 //!   and what a runner it would renew must be built as ([`Terms`],
 //!   [`Backlogs::offer`]): never while the set is being deleted or a
@@ -173,8 +175,8 @@ impl Backlogs {
         f(&mut sets)
     }
 
-    /// The listener of `set` heard that `assigned` jobs are assigned to
-    /// the scale set (running or waiting for a runner).
+    /// The listener of `set` heard that the scale set has `assigned` jobs,
+    /// running or waiting for a runner.
     pub fn heard(&self, set: &SetKey, assigned: u32) {
         let at = Instant::now();
         self.with(|sets| {
@@ -229,12 +231,17 @@ impl Backlogs {
         let now = Instant::now();
         self.with(|sets| {
             let entry = sets.get_mut(set)?;
-            let terms = entry.terms.clone()?;
             let heard = entry
                 .heard
-                .filter(|h| now.duration_since(h.at) <= HEARD_WITHIN)?;
+                .filter(|h| now.duration_since(h.at) <= HEARD_WITHIN);
+            let (Some(terms), Some(heard)) = (entry.terms.clone(), heard) else {
+                tracing::debug!(set = %set.name, runner, terms = entry.terms.is_some(), heard = heard.is_some(), "no renewal in place: the set or its listener says nothing");
+                return None;
+            };
             entry.finished = entry.finished.saturating_add(1);
-            if uncovered(heard.assigned, entry.finished, runner, peers) == 0 || !admits(&terms) {
+            let left = uncovered(heard.assigned, entry.finished, runner, peers);
+            tracing::debug!(set = %set.name, runner, assigned = heard.assigned, finished = entry.finished, left, "a job left for a runner finishing?");
+            if left == 0 || !admits(&terms) {
                 return None;
             }
             Some(terms)

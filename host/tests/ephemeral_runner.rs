@@ -150,6 +150,7 @@ impl World {
             unregistration: Default::default(),
             shards: arcwright::sharding::Shards::single(),
             backlogs: Default::default(),
+            status_budget: Default::default(),
         };
         let config = Config {
             namespace: Some(self.env.namespace().to_string()),

@@ -114,6 +114,7 @@ fn expected() -> RunOptions {
             max_runners_per_scale_set: 250,
             message_batch_window: Duration::from_millis(250),
             renew_in_place: false,
+            status_budget: 5,
         },
         actions: ActionsOptions {
             allow_plain_http: true,

@@ -186,13 +186,23 @@ impl<C: ListenerClient, T: ScaleTarget, J: JobSink, S: StatusSink> Run<C, T, J, 
     }
 
     /// Keeps what the service's statistics say: in the metrics, and, for
-    /// the runners finishing their jobs, how many jobs are assigned to the
-    /// scale set (see [`crate::backlog`]).
+    /// the runners finishing their jobs, how many jobs the scale set has
+    /// (see [`crate::backlog`]).
     fn heard(&self, statistics: &RunnerScaleSetStatistic) {
         self.spec.metrics.statistics(&self.labels(), statistics);
         if let Some((backlogs, set)) = &self.spec.backlog {
-            let assigned = statistics.total_assigned_jobs.max(0);
-            backlogs.heard(set, u32::try_from(assigned).unwrap_or(u32::MAX));
+            // The set's jobs, counted from below: those acquired and not
+            // running yet (past the capacity the listener announces, the
+            // service keeps acquired jobs unassigned) and those running.
+            // Jobs assigned to the set and acquired are counted once, a job
+            // handed to a runner that has not started it not at all, and
+            // jobs merely offered (another set may take them) not at all:
+            // short of the truth, never past it.
+            let jobs = statistics
+                .total_acquired_jobs
+                .max(0)
+                .saturating_add(statistics.total_running_jobs.max(0));
+            backlogs.heard(set, u32::try_from(jobs).unwrap_or(u32::MAX));
         }
     }
 

@@ -320,6 +320,9 @@ pub struct Shared {
     /// Whether the listeners say what they heard there
     /// (`--renew-in-place`): if not, no runner is renewed in place.
     pub renew_in_place: bool,
+    /// Status writes that only inform, a second, for the whole host
+    /// (`--status-budget`).
+    pub status_budget: u32,
 }
 
 /// What held failed runners need from the flags.
@@ -449,6 +452,7 @@ impl Shared {
             shards: crate::sharding::Shards::single(),
             backlogs: crate::backlog::Backlogs::new(),
             renew_in_place: options.controllers.renew_in_place,
+            status_budget: options.controllers.status_budget,
         })
     }
 }
@@ -912,6 +916,7 @@ mod tests {
                 max_runners_per_scale_set: 1000,
                 message_batch_window: Duration::from_secs(2),
                 renew_in_place: false,
+                status_budget: 5,
             },
             actions: ActionsOptions {
                 allow_plain_http: false,

@@ -557,6 +557,17 @@ pub struct ControllerOptions {
     /// under the listener's next decision.
     #[arg(long, env = "ARCWRIGHT_RENEW_IN_PLACE")]
     pub renew_in_place: bool,
+    /// Status writes that only inform (a runner's pod started running, it
+    /// turned ready), a second, for the whole host; the writes decisions
+    /// rest on are never held to it. A write put off is carried by the
+    /// runner's next one, or made when the budget allows.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_STATUS_BUDGET",
+        value_name = "WRITES_PER_SECOND",
+        default_value_t = crate::controllers::kit::budget::DEFAULT_PER_SECOND
+    )]
+    pub status_budget: u32,
 }
 
 /// How shutdown is bounded.
@@ -657,6 +668,7 @@ mod tests {
                     max_runners_per_scale_set,
                     message_batch_window,
                     renew_in_place,
+                    status_budget,
                 },
             shutdown: ShutdownOptions { shutdown_timeout },
             election,
@@ -666,6 +678,7 @@ mod tests {
         } = parse(&[]).unwrap();
         assert!(!actions.allow_plain_http, "tokens go over https only");
         assert!(!renew_in_place);
+        assert_eq!(status_budget, 5);
         assert_eq!(
             (
                 actions.actions_call_timeout,

@@ -67,6 +67,7 @@ async fn ephemeral_runners(ctx: Context) -> Result<(), BoxError> {
         unregistration: shared.unregistration.clone(),
         shards: shared.shards.clone(),
         backlogs: shared.backlogs.clone(),
+        status_budget: crate::controllers::kit::budget::WriteBudget::new(shared.status_budget),
     };
     let pool = PoolConfig {
         workers: usize::from(shared.unregistration_workers),

@@ -48,8 +48,9 @@ use crate::{ScaleSet, Stack, StackConfig};
 const SET: &str = "bench";
 
 /// Set to a path, the API server's audit log of arcwright's part is copied
-/// there before the floor runs: the log of every request, to see what a
-/// job's writes were, one by one.
+/// there before the floor runs (the log of every request, to see what a
+/// job's writes were, one by one), and the host's log beside it
+/// (`<path>.host.log`).
 pub const KEEP_AUDIT: &str = "ARCWRIGHT_BENCH_KEEP_AUDIT";
 
 /// How the jobs arrive.
@@ -304,6 +305,11 @@ pub async fn run(options: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Benc
     if let (Some(kept), Some(log)) = (std::env::var_os(KEEP_AUDIT), stack.audit_log()) {
         std::fs::copy(log, &kept).context("keeping the audit log")?;
         progress(&format!("kept the audit log in {}", kept.to_string_lossy()));
+        if let Some(host) = stack.host() {
+            let mut host_log = kept.clone();
+            host_log.push(".host.log");
+            std::fs::copy(host.log_path(), &host_log).context("keeping the host's log")?;
+        }
     }
     let per_job = |n: u64| n as f64 / f64::from(jobs);
     let host_cpu = usage.cpu.saturating_sub(cpu_before);

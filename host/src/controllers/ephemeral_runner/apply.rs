@@ -33,6 +33,9 @@ pub(super) struct Applied {
     /// message. The steps after the pod's creation were not taken: they
     /// were planned on the pod being made.
     pub(super) refused_pod: Option<String>,
+    /// A status write that only informs was put off: the host's budget of
+    /// them was spent (see [`crate::controllers::kit::budget`]).
+    pub(super) put_off: bool,
 }
 
 /// How every write of the controller names itself.
@@ -88,6 +91,13 @@ pub(super) async fn apply(
                 applied.finalized = true;
             }
             Step::PatchStatus(change) => patch_status(&runners, &name, change).await?,
+            Step::InformStatus(change) => {
+                if ctx.deps.status_budget.take() {
+                    patch_status(&runners, &name, change).await?;
+                } else {
+                    applied.put_off = true;
+                }
+            }
             Step::Register { replacing, record } => {
                 let replacing = replacing.as_deref();
                 register(runner, ctx, &runners, &secrets, replacing, record.as_ref()).await?;

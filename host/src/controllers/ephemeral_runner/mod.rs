@@ -204,6 +204,9 @@ pub struct Dependencies {
     /// renewal: a runner finishing its job is renewed in place on them
     /// ([`crate::backlog`]).
     pub backlogs: crate::backlog::Backlogs,
+    /// The host's budget of status writes that only inform
+    /// ([`crate::controllers::kit::budget`]).
+    pub status_budget: crate::controllers::kit::budget::WriteBudget,
 }
 
 /// What every reconcile reads.
@@ -388,7 +391,14 @@ async fn reconcile(
         ctx.known_pods.forget(&namespace, &name);
         ctx.known_secrets.forget(&namespace, &name);
     }
-    let requeue = plan.requeue;
+    let requeue = if applied.put_off {
+        // Looked at again to write it, unless a write of the runner's
+        // own (its renewal, its ending) comes first and carries it.
+        let retry = crate::controllers::kit::budget::RETRY;
+        Some(plan.requeue.map_or(retry, |after| after.min(retry)))
+    } else {
+        plan.requeue
+    };
     drop(planned);
     let scale_set = runner
         .labels()

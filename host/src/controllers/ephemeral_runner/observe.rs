@@ -495,7 +495,8 @@ fn renewal_grant(runner: &EphemeralRunner, ctx: &Context) -> Option<plan::Renewa
             }
         })
         .collect();
-    ctx.deps
+    let granted = ctx
+        .deps
         .backlogs
         .claim(
             &SetKey::new(&namespace, set),
@@ -505,7 +506,9 @@ fn renewal_grant(runner: &EphemeralRunner, ctx: &Context) -> Option<plan::Renewa
         )
         .map(|terms| plan::RenewalGrant {
             set_generation: terms.generation,
-        })
+        });
+    tracing::debug!(runner = %runner.name_any(), renewed = granted.is_some(), "asked the set for a renewal in place");
+    granted
 }
 
 /// Reads the runner's pod and Secret, asks the pool about its registration,
@@ -753,7 +756,7 @@ mod tests {
             &Settings::default(),
         )
         .unwrap();
-        let [Step::PatchStatus(change)] = plan.steps.as_slice() else {
+        let [Step::InformStatus(change)] = plan.steps.as_slice() else {
             panic!("{:?}", plan.steps)
         };
         assert_eq!(change.status.phase, Some(EphemeralRunnerPhase::Pending));

@@ -4,8 +4,10 @@
 //! watches' filter ([`projection`]) and the deletions a re-list hides from
 //! them ([`relist`]), when a watch cache may be decided on
 //! ([`expectations`]), start-up and shutdown ([`Synced`], [`until_shutdown`])
-//! and the label a failed reconcile is counted under ([`ErrorLabel`]).
+//! and the label a failed reconcile is counted under ([`ErrorLabel`]), and
+//! the host's budget of status writes that only inform ([`budget`]).
 
+pub mod budget;
 pub mod conditions;
 pub mod expectations;
 pub mod finalizer;

@@ -381,6 +381,10 @@ pub enum Step {
     RemoveFinalizer,
     /// Write this change of the status.
     PatchStatus(StatusChange),
+    /// Write this change of the status, which only informs
+    /// ([`StatusChange::informs_only`]), if the host's budget of such
+    /// writes allows; else it is put off.
+    InformStatus(StatusChange),
     /// Register the runner (a JIT config) and store it in its Secret.
     ///
     /// A first registration is recorded by its Secret alone, and copied
@@ -573,7 +577,12 @@ impl Pass<'_> {
         // forgetting them.
         let resource_version = self.obs.runner.metadata.resource_version.as_deref();
         if let Some(change) = self.change.into_change(resource_version) {
-            self.plan.steps.insert(0, Step::PatchStatus(change));
+            let step = if change.informs_only() {
+                Step::InformStatus(change)
+            } else {
+                Step::PatchStatus(change)
+            };
+            self.plan.steps.insert(0, step);
         }
         self.plan
     }

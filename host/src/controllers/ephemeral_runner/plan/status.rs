@@ -393,6 +393,30 @@ impl StatusDraft {
     }
 }
 
+impl StatusChange {
+    /// Whether the change only informs: the pod started or is still
+    /// starting (phase Pending or Running, its reason and message cleared)
+    /// and whether it is ready, nothing else. No decision reads those (see
+    /// [`crate::controllers::kit::budget`]), so such a write is made as the
+    /// host's budget allows.
+    pub fn informs_only(&self) -> bool {
+        let s = &self.status;
+        let informing = StatusFields {
+            phase: s.phase,
+            reason: s.reason.filter(Option::is_none),
+            message: s.message.clone().filter(Option::is_none),
+            ready: s.ready,
+            ..StatusFields::default()
+        };
+        self.metadata.is_none()
+            && matches!(
+                s.phase,
+                None | Some(EphemeralRunnerPhase::Pending | EphemeralRunnerPhase::Running)
+            )
+            && informing == *s
+    }
+}
+
 /// What the write that records a registration after the first says
 /// besides the registration (see `Step::Register`): the runner starts over
 /// as Pending, not ready, and not yet seen online.

@@ -42,11 +42,11 @@ fn the_lifecycle_table() {
             ],
         ),
         (
-            "a running pod is mirrored",
+            "a running pod is mirrored, as the host's budget allows",
             case(Runner::new().registered(7).phase(Pending))
                 .secret(7)
                 .pod(pod(RunnerContainer::Running)),
-            vec!["status phase=Running ready=true"],
+            vec!["inform phase=Running ready=true"],
         ),
         (
             "nothing changes, nothing is done",

@@ -375,6 +375,7 @@ pub(super) fn kinds(steps: &[Step]) -> Vec<&'static str> {
             Step::AddFinalizer => "add-finalizer",
             Step::RemoveFinalizer => "remove-finalizer",
             Step::PatchStatus(_) => "status",
+            Step::InformStatus(_) => "inform",
             Step::Register { .. } => "register",
             Step::Renew { .. } => "renew",
             Step::CreatePod => "create-pod",
@@ -400,9 +401,14 @@ pub(super) fn describe(steps: &[Step]) -> Vec<String> {
 
 fn describe_step(step: &Step) -> String {
     match step {
-        Step::PatchStatus(change) => {
+        Step::PatchStatus(change) | Step::InformStatus(change) => {
             let s = &change.status;
-            let mut out = vec!["status".to_owned()];
+            let kind = if matches!(step, Step::PatchStatus(_)) {
+                "status"
+            } else {
+                "inform"
+            };
+            let mut out = vec![kind.to_owned()];
             let mut field = |name: &str, value: Option<String>| {
                 if let Some(value) = value {
                     out.push(format!("{name}={value}"));
@@ -495,7 +501,7 @@ pub(super) fn status_of(steps: &[Step]) -> StatusFields {
     steps
         .iter()
         .find_map(|s| match s {
-            Step::PatchStatus(change) => Some(change.status.clone()),
+            Step::PatchStatus(change) | Step::InformStatus(change) => Some(change.status.clone()),
             _ => None,
         })
         .unwrap_or_default()

@@ -91,7 +91,7 @@ fn an_idle_runner_past_max_idle_age_gets_a_new_registration_and_pod() {
                 .secret(7)
                 .pod(pod(RunnerContainer::Waiting))
                 .now(100),
-            vec!["status phase=Pending ready=false"],
+            vec!["inform phase=Pending ready=false"],
             Some(500),
         ),
         (

@@ -6,7 +6,7 @@ use serde_json::json;
 use super::*;
 
 fn written(steps: &[Step]) -> serde_json::Value {
-    let Some(Step::PatchStatus(change)) = steps.first() else {
+    let Some(Step::PatchStatus(change) | Step::InformStatus(change)) = steps.first() else {
         panic!("no status write first: {steps:?}")
     };
     serde_json::to_value(change).unwrap()
