@@ -79,7 +79,7 @@ use crate::listener::{
 };
 use crate::policy::types::{RunnerCounts, ScaleSet};
 use crate::policy::{
-    CallLimits, Decider, EngineConfig, Policy, PolicyEngine, PolicyEvent, PolicyKind,
+    CallLimits, Decider, EngineConfig, MAX_DEADLINE, Policy, PolicyEngine, PolicyEvent, PolicyKind,
     PolicyReporter,
 };
 use crate::recording::{self, Entry, JobEvent, Trace};
@@ -494,8 +494,17 @@ impl PolicyUnderTest {
     }
 
     /// Loads `spec` as [`super::candidate`] does for the lab: the
-    /// production limits, its settings validated as the controller would,
-    /// and the bundled default behind it.
+    /// production memory cap, its settings validated as the controller
+    /// would, and the bundled default behind it; but the longest deadline a
+    /// call may be given ([`MAX_DEADLINE`]), not the production 50 ms.
+    ///
+    /// A simulation replays thousands of decisions in a moment, and its
+    /// table must be the same for the same workload on any machine: held
+    /// to the production deadline, a call that a loaded machine (a CI run,
+    /// a laptop building) stalls for 50 ms fell back to the default, and
+    /// the table changed with the load. Whether a policy is fast enough
+    /// for production is what `arcwright policy test` and the policy
+    /// benchmark say.
     ///
     /// A policy that cannot be loaded is an error here, where production
     /// would let the default stand in: a table that silently showed the
@@ -505,7 +514,10 @@ impl PolicyUnderTest {
             engine,
             &spec.module,
             spec.settings.as_ref(),
-            CallLimits::default(),
+            CallLimits {
+                deadline: MAX_DEADLINE,
+                ..CallLimits::default()
+            },
         )?;
         Ok(Self::from_decider(spec.label(), &decider))
     }
