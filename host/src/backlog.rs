@@ -24,6 +24,17 @@
 //!   holds or is to take, counting the jobs finished since the listener
 //!   was heard (see [`uncovered`]).
 //!
+//! The listener also says which job each runner started
+//! ([`Backlogs::started`]), so that the runner set never takes a runner
+//! for idle while it runs a job whose record is not written yet: with
+//! renewal in place the record on the runner's status only informs (it is
+//! written as the host's status budget allows, and a renewal carries the
+//! job's id into `status.renewal.previous`), while this is what the set's
+//! scale-down reads. After a restart nothing here is known, and a runner
+//! whose record was never written can be taken for idle: its deletion
+//! then deregisters it first, which the Actions service refuses while the
+//! job runs, so the job still runs to its end (seed 000).
+//!
 //! What this deliberately does not do: it never creates a runner, and it
 //! never renews one when no job waits (the count of registrations stays at
 //! most the jobs plus what the set itself creates). A backlog heard long
@@ -143,6 +154,15 @@ struct Heard {
     at: Instant,
 }
 
+/// A job the listener heard start on a runner, and not end yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Started {
+    /// The registration that runs it (JobStarted's runner id).
+    pub runner_id: i64,
+    /// The job's id.
+    pub job_id: String,
+}
+
 #[derive(Debug, Default)]
 struct Entry {
     heard: Option<Heard>,
@@ -150,11 +170,15 @@ struct Entry {
     /// Runners that finished a job since the listener was last heard,
     /// renewed or not: each finished one of the jobs it heard of.
     finished: u32,
+    /// The job each runner was last heard to start, by runner name, until
+    /// its end is heard or the runner is gone. One per runner at most, and
+    /// a start on a later registration replaces it.
+    jobs: HashMap<String, Started>,
 }
 
 impl Entry {
     fn is_empty(&self) -> bool {
-        self.heard.is_none() && self.terms.is_none()
+        self.heard.is_none() && self.terms.is_none() && self.jobs.is_empty()
     }
 }
 
@@ -197,6 +221,72 @@ impl Backlogs {
                 }
             }
         });
+    }
+
+    /// The listener of `set` heard that `runner` started a job.
+    pub fn started(&self, set: &SetKey, runner: &str, job: Started) {
+        self.with(|sets| {
+            sets.entry(set.clone())
+                .or_default()
+                .jobs
+                .insert(runner.to_owned(), job);
+        });
+    }
+
+    /// The listener of `set` heard that the job of `runner` on registration
+    /// `runner_id` ended (or a runner it had is gone).
+    pub fn ended(&self, set: &SetKey, runner: &str, runner_id: i64) {
+        self.with(|sets| {
+            if let Some(entry) = sets.get_mut(set) {
+                if entry
+                    .jobs
+                    .get(runner)
+                    .is_some_and(|j| j.runner_id == runner_id)
+                {
+                    entry.jobs.remove(runner);
+                }
+                if entry.is_empty() {
+                    sets.remove(set);
+                }
+            }
+        });
+    }
+
+    /// The job `runner` of `set` runs on registration `runner_id`, as far
+    /// as the listener heard. A job heard of an earlier registration of the
+    /// runner (renewed since) is not this one's.
+    pub fn job_on(&self, set: &SetKey, runner: &str, runner_id: i64) -> Option<Started> {
+        if runner_id == 0 {
+            return None;
+        }
+        self.with(|sets| {
+            sets.get(set)?
+                .jobs
+                .get(runner)
+                .filter(|j| j.runner_id == runner_id)
+                .cloned()
+        })
+    }
+
+    /// The runners of `set` with a job heard of, by name, and the
+    /// registration each runs it on; a runner `present` does not know of
+    /// is forgotten (it is gone, its end perhaps never heard).
+    pub fn jobs_of(&self, set: &SetKey, present: impl Fn(&str) -> bool) -> HashMap<String, i64> {
+        self.with(|sets| {
+            let Some(entry) = sets.get_mut(set) else {
+                return HashMap::new();
+            };
+            entry.jobs.retain(|runner, _| present(runner));
+            let jobs = entry
+                .jobs
+                .iter()
+                .map(|(runner, job)| (runner.clone(), job.runner_id))
+                .collect();
+            if entry.is_empty() {
+                sets.remove(set);
+            }
+            jobs
+        })
     }
 
     /// The runner set `set` renews on `terms` from now on, or renews
@@ -324,6 +414,32 @@ mod tests {
         backlogs.offer(&set, None);
         backlogs.heard(&set, 9);
         assert!(!claim("c"), "terms withdrawn");
+    }
+
+    #[test]
+    fn a_job_heard_to_start_is_the_runners_until_its_end_or_the_runner_goes() {
+        let backlogs = Backlogs::new();
+        let set = SetKey::new("ci", "linux");
+        let job = |runner_id, id: &str| Started {
+            runner_id,
+            job_id: id.to_owned(),
+        };
+        backlogs.started(&set, "a", job(7, "j1"));
+        backlogs.started(&set, "b", job(8, "j2"));
+        assert_eq!(backlogs.job_on(&set, "a", 7), Some(job(7, "j1")));
+        assert_eq!(backlogs.job_on(&set, "a", 9), None, "renewed since");
+        assert_eq!(backlogs.job_on(&set, "a", 0), None, "not registered");
+        // An end heard of an earlier registration leaves the later job.
+        backlogs.started(&set, "a", job(9, "j3"));
+        backlogs.ended(&set, "a", 7);
+        assert_eq!(backlogs.job_on(&set, "a", 9), Some(job(9, "j3")));
+        backlogs.ended(&set, "a", 9);
+        assert_eq!(backlogs.job_on(&set, "a", 9), None);
+        // A runner the set no longer has is forgotten, and with it the set.
+        let jobs = backlogs.jobs_of(&set, |runner| runner == "b");
+        assert_eq!(jobs, HashMap::from([("b".to_owned(), 8)]));
+        assert!(backlogs.jobs_of(&set, |_| false).is_empty());
+        assert!(backlogs.with(|sets| sets.is_empty()));
     }
 
     #[test]

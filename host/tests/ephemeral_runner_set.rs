@@ -14,6 +14,7 @@ use arcwright::api::{
     EphemeralRunnerSetSpec, EphemeralRunnerSetStatus, EphemeralRunnerSpec, EphemeralRunnerStatus,
     annotations, finalizers, labels,
 };
+use arcwright::backlog::{Backlogs, SetKey};
 use arcwright::controllers::ephemeral_runner_set::{self as controller, Context, SetMetrics};
 use arcwright::controllers::kit::Synced;
 use arcwright_harness::{TestEnv, eventually};
@@ -38,6 +39,8 @@ struct Harness {
     metrics: SetMetrics,
     controller: Option<JoinHandle<()>>,
     ctx: Option<Arc<Context>>,
+    /// What a listener of the process says the set's runners do.
+    backlogs: Backlogs,
 }
 
 impl Harness {
@@ -53,6 +56,7 @@ impl Harness {
             metrics: SetMetrics::default(),
             controller: None,
             ctx: None,
+            backlogs: Backlogs::new(),
         };
         harness.start();
         harness
@@ -61,7 +65,9 @@ impl Harness {
     /// Starts the controller, as a fresh process would: nothing is carried
     /// over from a previous run but the metrics.
     fn start(&mut self) {
-        let ctx = Arc::new(Context::new(self.env.client(), self.metrics.clone()));
+        let mut ctx = Context::new(self.env.client(), self.metrics.clone());
+        ctx.backlogs = self.backlogs.clone();
+        let ctx = Arc::new(ctx);
         self.ctx = Some(ctx.clone());
         let namespace = self.env.namespace().to_string();
         self.controller = Some(tokio::spawn(async move {
@@ -929,5 +935,95 @@ async fn the_listener_records_a_job_on_its_runner_as_far_as_the_set_needs_it() {
     jobs.job_completed(end(&done, 7, "failed")).await.unwrap();
     let runners = h.runners().await;
     assert_eq!(result_of(&runners, &done).as_deref(), Some("failed"));
+    shutdown.cancel();
+}
+
+/// With renewal in place the listener tells the set which job each runner
+/// started, and writes the start on the runner's status only as the host's
+/// status budget allows: a runner whose start is heard and not written is
+/// busy all the same, and scale-down leaves it. Its end heard, the job is
+/// forgotten, and the start put off is never written over it.
+#[tokio::test]
+async fn a_job_heard_and_not_yet_recorded_keeps_its_runner_from_scale_down() {
+    use arcwright::controllers::kit::budget::WriteBudget;
+    use arcwright::listener::JobSink;
+    use arcwright::listener::cluster::{ClusterView, RunnerJobs};
+
+    let h = Harness::new("heard-busy").await;
+    let runners = h.set_with_runners(3, 1).await;
+    for runner in &runners {
+        h.idle(runner).await;
+    }
+    h.until_status("reported", |s| s.running_ephemeral_runners == 3)
+        .await;
+    let shutdown = CancellationToken::new();
+    let view = ClusterView::watch(
+        &h.env.client(),
+        &[Some(h.env.namespace().to_owned())],
+        &shutdown,
+    );
+    view.wait_until_ready().await;
+    let set = SetKey::new(h.env.namespace(), SET);
+    // No budget at all: every start the cache shows a runner for waits.
+    let jobs = RunnerJobs::new(h.env.client(), h.env.namespace())
+        .seeing(view)
+        .telling(h.backlogs.clone(), set.clone(), WriteBudget::new(0));
+    let busy = &runners[1];
+    jobs.job_started(arcwright::listener::JobStarted {
+        runner_name: busy.clone(),
+        runner_id: 100,
+        runner_request_id: 5,
+        repository: "octo/app".into(),
+        workflow_ref: "octo/app/.github/workflows/ci.yml@main".into(),
+        workflow_run_id: 6,
+        job_id: "job-5".into(),
+        job_display_name: "build".into(),
+        started_at: jiff::Timestamp::now(),
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        h.backlogs
+            .job_on(&set, busy, 100)
+            .map(|j| j.job_id)
+            .as_deref(),
+        Some("job-5")
+    );
+
+    h.decide(0, 0).await;
+    let left = h
+        .until_runners("the idle runners gone", |r| r.len() == 1)
+        .await;
+    assert_eq!(names(&left), std::slice::from_ref(busy));
+    assert!(left[0].metadata.deletion_timestamp.is_none());
+    assert_eq!(
+        left[0].status.as_ref().and_then(|s| s.job_id.clone()),
+        None,
+        "the start is put off: no budget"
+    );
+
+    jobs.job_completed(arcwright::listener::JobCompleted {
+        runner_name: busy.clone(),
+        runner_id: 100,
+        runner_request_id: 5,
+        job_id: "job-5".into(),
+        result: "failed".into(),
+        finished_at: jiff::Timestamp::now(),
+        started: None,
+        jobs_waiting: false,
+    })
+    .await
+    .unwrap();
+    assert_eq!(h.backlogs.job_on(&set, busy, 100), None);
+    let runner = h.runners_api().get(busy).await.unwrap();
+    let status = runner.status.unwrap_or_default();
+    assert_eq!(status.job_result.as_deref(), Some("failed"));
+    // Its job over, the runner is idle: the next scale-down takes it.
+    h.decide(1, 2).await;
+    h.decide(0, 0).await;
+    h.until_runners("the runner whose job ended gone", |r| {
+        r.iter().all(|r| r.metadata.deletion_timestamp.is_some())
+    })
+    .await;
     shutdown.cancel();
 }

@@ -41,6 +41,8 @@ use crate::api::{
     AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSet,
     ListenerStatus, ScalingStatus, ShadowScalingStatus,
 };
+use crate::backlog::{Backlogs, SetKey, Started};
+use crate::controllers::kit::budget::{self, WriteBudget};
 use crate::events::{Notice, Publisher, Severity};
 use crate::policy::PolicyEvent;
 use crate::policy::types::RunnerCounts;
@@ -283,12 +285,23 @@ impl ScaleTarget for RunnerSetTarget {
 /// The EphemeralRunners of a namespace as a listener's [`JobSink`]: a job
 /// goes on its runner's status, where the EphemeralRunnerSet controller
 /// sees that the runner is busy.
+#[derive(Clone)]
 pub struct RunnerJobs {
     api: Api<EphemeralRunner>,
     namespace: String,
     record_successes: bool,
     view: Option<ClusterView>,
     unsent: Arc<Unsent>,
+    heard: Option<Heard>,
+}
+
+/// Where a listener whose runners are renewed in place says which job each
+/// runner runs ([`RunnerJobs::telling`]).
+#[derive(Clone)]
+struct Heard {
+    backlogs: Backlogs,
+    set: SetKey,
+    budget: WriteBudget,
 }
 
 /// Job records the API server did not take because it could not be
@@ -350,7 +363,67 @@ impl RunnerJobs {
             record_successes: false,
             view: None,
             unsent: Arc::default(),
+            heard: None,
         }
+    }
+
+    /// Tells the runner set `set`, through `backlogs`, which job each
+    /// runner started, and writes the start on the runner's status only
+    /// as the host's status `budget` allows.
+    ///
+    /// Under a burst the start's record is a write a job (about one in
+    /// five of a renewed job's), and with the set reading who is busy from
+    /// `backlogs` no decision reads the record: it tells people which job
+    /// a runner runs, and the renewal that follows the job names it in
+    /// `status.renewal.previous` anyway. A start put off is written once
+    /// the budget allows, unless the job ended or its runner ended first
+    /// (nothing would read it then). Two kinds of runner still get the
+    /// record at once: one whose set protects busy runners (its pod is
+    /// marked from the record) and one the cache does not show (whose set
+    /// nothing is known of). Ends are written as before.
+    pub fn telling(mut self, backlogs: Backlogs, set: SetKey, budget: WriteBudget) -> Self {
+        self.heard = Some(Heard {
+            backlogs,
+            set,
+            budget,
+        });
+        self
+    }
+
+    /// Whether the start of a job on `runner` may wait for the budget: the
+    /// cache shows the runner, and its set does not protect busy runners.
+    fn start_may_wait(&self, runner: &str) -> bool {
+        self.view
+            .as_ref()
+            .and_then(|view| view.runner(&self.namespace, runner))
+            .is_some_and(|r| r.spec.protect_busy_runners != Some(true))
+    }
+
+    /// Writes the start of `job` (`status`) once the budget allows, unless
+    /// the job or its runner ended first.
+    fn start_later(&self, heard: Heard, job: &JobStarted, status: serde_json::Value) {
+        let (jobs, runner, runner_id) = (self.clone(), job.runner_name.clone(), job.runner_id);
+        tokio::spawn(async move {
+            let running = || {
+                heard
+                    .backlogs
+                    .job_on(&heard.set, &runner, runner_id)
+                    .is_some()
+                    && !jobs.ended(&runner, runner_id)
+            };
+            loop {
+                tokio::time::sleep(budget::RETRY).await;
+                if !running() {
+                    return;
+                }
+                if heard.budget.take() {
+                    break;
+                }
+            }
+            if let Err(error) = jobs.record_while(&runner, status, running).await {
+                tracing::debug!(%error, "a job's start, put off, was not written");
+            }
+        });
     }
 
     /// Leaves out the start of a job whose registration the cache shows
@@ -422,7 +495,22 @@ impl RunnerJobs {
     }
 
     async fn record(&self, runner: &str, status: serde_json::Value) -> Result<(), ListenerError> {
+        self.record_while(runner, status, || true).await
+    }
+
+    /// Writes `status` on `runner` if `still` holds once the listener's
+    /// records are its to write: a start put off is never written over an
+    /// end recorded meanwhile.
+    async fn record_while(
+        &self,
+        runner: &str,
+        status: serde_json::Value,
+        still: impl FnOnce() -> bool,
+    ) -> Result<(), ListenerError> {
         let mut unsent = self.unsent.records.lock().await;
+        if !still() {
+            return Ok(());
+        }
         let (status, since) = match unsent.remove(runner) {
             Some((earlier, since)) => (merged(earlier, status), since),
             None => (status, Instant::now()),
@@ -529,13 +617,34 @@ impl JobSink for RunnerJobs {
         if self.ended(&job.runner_name, job.runner_id) {
             return Ok(());
         }
-        self.record(&job.runner_name, started_fields(&job)).await
+        let status = started_fields(&job);
+        let Some(heard) = &self.heard else {
+            return self.record(&job.runner_name, status).await;
+        };
+        heard.backlogs.started(
+            &heard.set,
+            &job.runner_name,
+            Started {
+                runner_id: job.runner_id,
+                job_id: job.job_id.clone(),
+            },
+        );
+        if !self.start_may_wait(&job.runner_name) || heard.budget.take() {
+            return self.record(&job.runner_name, status).await;
+        }
+        self.start_later(heard.clone(), &job, status);
+        Ok(())
     }
 
     async fn job_completed(&self, job: JobCompleted) -> Result<(), ListenerError> {
         if job.runner_name.is_empty() {
             // Cancelled before any runner took it: nothing to record.
             return Ok(());
+        }
+        if let Some(heard) = &self.heard {
+            heard
+                .backlogs
+                .ended(&heard.set, &job.runner_name, job.runner_id);
         }
         if !self.record_successes
             && job.result.eq_ignore_ascii_case("succeeded")

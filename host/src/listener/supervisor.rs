@@ -30,6 +30,7 @@ use super::cluster::{ClusterView, RunnerJobs, RunnerSetTarget, ScaleSetStatus};
 use super::control::{ListenerConfig, ListenerControl, StartError};
 use super::{Backoff, CachedClient, ListenerHandle, ListenerMetrics, ListenerSpec};
 use crate::backlog::{Backlogs, SetKey};
+use crate::controllers::kit::budget::WriteBudget;
 use crate::credentials::ActionsClients;
 use crate::policy::loader::PolicyLoader;
 use crate::policy::types::ScaleSet;
@@ -52,6 +53,9 @@ pub struct Supervisor {
     recordings: Recordings,
     shards: Shards,
     backlogs: Backlogs,
+    /// The host's status budget, once listeners tell the runner sets which
+    /// job each runner runs ([`Self::with_backlogs`]).
+    start_budget: Option<WriteBudget>,
     shutdown: CancellationToken,
     running: Mutex<HashMap<Key, (ListenerConfig, ListenerHandle)>>,
 }
@@ -81,6 +85,7 @@ impl Supervisor {
             recordings: Recordings::off(),
             shards: Shards::single(),
             backlogs: Backlogs::new(),
+            start_budget: None,
             shutdown,
             running: Mutex::new(HashMap::new()),
         }
@@ -121,12 +126,30 @@ impl Supervisor {
         self
     }
 
-    /// Listeners say how many jobs wait for a runner in `backlogs`, which
-    /// the runner controller reads (see [`crate::backlog`]); a backlog of
-    /// their own, read by nobody, unless told.
-    pub fn with_backlogs(mut self, backlogs: Backlogs) -> Self {
+    /// Listeners say how many jobs wait for a runner, and which job each
+    /// runner started, in `backlogs`, which the runner controllers read
+    /// (see [`crate::backlog`]), and write the starts as the host's status
+    /// `budget` allows (see [`RunnerJobs::telling`]); unless told, a
+    /// backlog of their own, read by nobody, and every start written.
+    pub fn with_backlogs(mut self, backlogs: Backlogs, budget: WriteBudget) -> Self {
         self.backlogs = backlogs;
+        self.start_budget = Some(budget);
         self
+    }
+
+    /// Where the listener of `config` records its jobs.
+    fn jobs(&self, config: &ListenerConfig) -> RunnerJobs {
+        let jobs = RunnerJobs::new(self.kube.clone(), &config.namespace)
+            .recording_successes(config.holds_failures)
+            .seeing(self.view.clone());
+        match &self.start_budget {
+            Some(budget) => jobs.telling(
+                self.backlogs.clone(),
+                SetKey::new(&config.namespace, &config.runner_set_name),
+                budget.clone(),
+            ),
+            None => jobs,
+        }
     }
 
     /// Stops the listeners of scale sets whose shard is no longer held,
@@ -314,9 +337,7 @@ impl ListenerControl for Supervisor {
                 &config.namespace,
                 &config.runner_set_name,
             ),
-            RunnerJobs::new(self.kube.clone(), &config.namespace)
-                .recording_successes(config.holds_failures)
-                .seeing(self.view.clone()),
+            self.jobs(&config),
             status,
             &self.shutdown,
         );

@@ -320,9 +320,10 @@ pub struct Shared {
     /// Whether the listeners say what they heard there
     /// (`--renew-in-place`): if not, no runner is renewed in place.
     pub renew_in_place: bool,
-    /// Status writes that only inform, a second, for the whole host
-    /// (`--status-budget`).
-    pub status_budget: u32,
+    /// Status writes that only inform, for the whole host
+    /// (`--status-budget` a second): the runners' and the listeners' job
+    /// starts draw on the one budget.
+    pub status_budget: crate::controllers::kit::budget::WriteBudget,
 }
 
 /// What held failed runners need from the flags.
@@ -452,7 +453,9 @@ impl Shared {
             shards: crate::sharding::Shards::single(),
             backlogs: crate::backlog::Backlogs::new(),
             renew_in_place: options.controllers.renew_in_place,
-            status_budget: options.controllers.status_budget,
+            status_budget: crate::controllers::kit::budget::WriteBudget::new(
+                options.controllers.status_budget,
+            ),
         })
     }
 }

@@ -67,7 +67,7 @@ async fn ephemeral_runners(ctx: Context) -> Result<(), BoxError> {
         unregistration: shared.unregistration.clone(),
         shards: shared.shards.clone(),
         backlogs: shared.backlogs.clone(),
-        status_budget: crate::controllers::kit::budget::WriteBudget::new(shared.status_budget),
+        status_budget: shared.status_budget.clone(),
     };
     let pool = PoolConfig {
         workers: usize::from(shared.unregistration_workers),
@@ -156,7 +156,7 @@ async fn autoscaling_runner_sets(ctx: Context) -> Result<(), BoxError> {
     .with_recordings(shared.recordings.clone())
     .with_shards(shared.shards.clone());
     let supervisor = if shared.renew_in_place {
-        supervisor.with_backlogs(shared.backlogs.clone())
+        supervisor.with_backlogs(shared.backlogs.clone(), shared.status_budget.clone())
     } else {
         supervisor
     };

@@ -495,17 +495,18 @@ fn renewal_grant(runner: &EphemeralRunner, ctx: &Context) -> Option<plan::Renewa
             }
         })
         .collect();
-    let granted = ctx
-        .deps
-        .backlogs
-        .claim(
-            &SetKey::new(&namespace, set),
-            &runner.name_any(),
-            &peers,
-            |terms| terms.admit(runner),
-        )
+    let key = SetKey::new(&namespace, set);
+    let name = runner.name_any();
+    let backlogs = &ctx.deps.backlogs;
+    let granted = backlogs
+        .claim(&key, &name, &peers, |terms| terms.admit(runner))
         .map(|terms| plan::RenewalGrant {
             set_generation: terms.generation,
+            job_id: runner
+                .status
+                .as_ref()
+                .and_then(|s| backlogs.job_on(&key, &name, s.runner_id))
+                .map(|job| job.job_id),
         });
     tracing::debug!(runner = %runner.name_any(), renewed = granted.is_some(), "asked the set for a renewal in place");
     granted

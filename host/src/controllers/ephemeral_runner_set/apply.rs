@@ -16,6 +16,7 @@ use crate::api::{
     EphemeralRunner, EphemeralRunnerSet, EphemeralRunnerSetStatus, EphemeralRunnerStatus,
     RunnerRenewal, annotations, finalizers, labels,
 };
+use crate::backlog::SetKey;
 use crate::controllers::kit::expectations::Known;
 use crate::controllers::kit::{Notice, finalizer};
 
@@ -67,9 +68,25 @@ impl<'a> Apply<'a> {
     /// Deletes `runner`, with the uid and resourceVersion the pass read as
     /// preconditions: a runner that changed since (the listener recorded a
     /// job on it) makes the deletion fail with a conflict, and the next
-    /// pass decides again, instead of this one taking a busy runner. A
-    /// runner gone already needs no deletion.
+    /// pass decides again, instead of this one taking a busy runner. The
+    /// same holds of a job the listener was heard to start and has not
+    /// recorded (see [`crate::backlog`]), looked up again just before the
+    /// deletion. A runner gone already needs no deletion.
     pub async fn delete(&self, runner: &EphemeralRunner) -> Result<(), Error> {
+        let name = runner.name_any();
+        let set = SetKey::new(
+            &runner.namespace().unwrap_or_default(),
+            &self.set.name_any(),
+        );
+        let registration = runner.status.as_ref().map_or(0, |s| s.runner_id);
+        if self
+            .ctx
+            .backlogs
+            .job_on(&set, &name, registration)
+            .is_some()
+        {
+            return Err(Error::Busy(name));
+        }
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: runner.uid(),
@@ -77,7 +94,6 @@ impl<'a> Apply<'a> {
             }),
             ..DeleteParams::default()
         };
-        let name = runner.name_any();
         let deleted = match self.runners.delete(&name, &params).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),

@@ -23,6 +23,10 @@ pub enum Error {
         /// The error.
         source: kube::Error,
     },
+    /// A runner the pass took for idle was heard to start a job since the
+    /// pass read it (see [`crate::backlog`]): not deleted.
+    #[error("runner {0} started a job since the pass read it; the next pass decides again")]
+    Busy(String),
     /// Renewing a runner failed.
     #[error("renewing runner {name}: {source}")]
     Renew {
@@ -43,6 +47,7 @@ impl ErrorLabel for Error {
             Self::List(_) => "list",
             Self::Create(_) => "create",
             Self::Delete { .. } => "delete",
+            Self::Busy(_) => "busy",
             Self::Renew { .. } => "renew",
             Self::Update(_) => "update",
         }

@@ -4,7 +4,7 @@
 //! see `RunnerCache`), and what the controller remembers of the set; and
 //! the answers to the plan's requests for more ([`Need`](super::plan::Need)).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -19,6 +19,7 @@ use crate::api::{
     EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSet, EphemeralRunnerSpec, annotations,
     finalizers, labels,
 };
+use crate::backlog::{Backlogs, SetKey};
 use crate::controllers::kit::finalizer;
 
 /// A set and its runners, as one pass found them.
@@ -88,10 +89,11 @@ pub(super) async fn observe(set: &EphemeralRunnerSet, ctx: &Context) -> Result<O
     let now = Timestamp::now();
     // What a runner built now looks like, once for the pass.
     let template = new_runner(set, Creation::default());
-    let views = runners
+    let mut views: Vec<RunnerView> = runners
         .iter()
         .map(|r| runner_view(r, &template, now))
         .collect();
+    heard_busy(&mut views, &ctx.backlogs, &SetKey::new(&namespace, &name));
     let memory = ctx.recall(&uid);
     Ok(Observed {
         set: set_view(set, &memory, ctx.runner_cap),
@@ -107,6 +109,24 @@ pub(super) async fn observe(set: &EphemeralRunnerSet, ctx: &Context) -> Result<O
         template,
         now,
     })
+}
+
+/// Marks busy the runners the listener heard start a job on the
+/// registration they hold, whether or not the job's record is on their
+/// status yet (with renewal in place it is written as the status budget
+/// allows; see [`crate::backlog`]), and forgets the jobs heard of runners
+/// the set no longer has.
+fn heard_busy(views: &mut [RunnerView], backlogs: &Backlogs, set: &SetKey) {
+    let present: HashSet<&str> = views.iter().map(|v| v.name.as_str()).collect();
+    let jobs = backlogs.jobs_of(set, |runner| present.contains(runner));
+    if jobs.is_empty() {
+        return;
+    }
+    for view in views.iter_mut() {
+        if view.runner_id != 0 && jobs.get(&view.name) == Some(&view.runner_id) {
+            view.has_job = true;
+        }
+    }
 }
 
 /// What this controller plans for `set` as given (a copy that may be far

@@ -345,10 +345,15 @@ pub struct Observed<'a> {
 
 /// A renewal in place granted on the runner set's terms (see
 /// [`crate::backlog`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RenewalGrant {
     /// The set's generation the terms were offered at.
     pub set_generation: i64,
+    /// The job the listener heard the runner's registration start, whose
+    /// record may not be on the status (with renewal in place it is
+    /// written as the status budget allows): the renewal names it as the
+    /// job before.
+    pub job_id: Option<String>,
 }
 
 /// An answer the plan needs before it can decide.

@@ -33,10 +33,10 @@ pub(super) fn in_place(
     let Some(pod) = pass.obs.pod.as_ref().filter(|p| p.deleting_since.is_none()) else {
         return Ok(false);
     };
-    let grant = match pass.obs.renewal {
+    let grant = match &pass.obs.renewal {
         None => return Err(Need::Renewal),
         Some(None) => return Ok(false),
-        Some(Some(grant)) => grant,
+        Some(Some(grant)) => grant.clone(),
     };
     let now = pass.obs.now;
     let renewal = RunnerRenewal {
@@ -48,7 +48,7 @@ pub(super) fn in_place(
         renewed_at: Time(now),
         previous: Some(PreviousJob {
             runner_id: pass.runner_id,
-            job_id: ended.job_id.clone(),
+            job_id: grant.job_id.or_else(|| ended.job_id.clone()),
             job_result: ended.job_result.clone(),
             exit_code: ended.exit_code,
             ended_at: Time(now),

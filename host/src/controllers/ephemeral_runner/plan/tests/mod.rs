@@ -322,7 +322,7 @@ impl Case {
             held: self.held,
             hook_objects: self.hook_objects,
             refused_pod: self.refused_pod.clone(),
-            renewal: self.renewal,
+            renewal: self.renewal.clone(),
             now: at(self.now),
         };
         plan(&obs, &settings())

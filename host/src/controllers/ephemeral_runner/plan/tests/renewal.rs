@@ -182,7 +182,10 @@ fn a_runner_finishing_while_a_job_waits_is_renewed_in_one_status_write() {
     // A job waits: registered anew over its Secret, the whole status
     // written once with the renewal and how the job before went, the pod
     // of the job before deleted and the next created. No Succeeded write.
-    let grant = RenewalGrant { set_generation: 3 };
+    let grant = RenewalGrant {
+        set_generation: 3,
+        job_id: None,
+    };
     let steps = finishing().renewal(Some(Some(grant))).steps();
     assert_eq!(
         describe(&steps),
@@ -200,6 +203,18 @@ fn a_runner_finishing_while_a_job_waits_is_renewed_in_one_status_write() {
     assert_eq!((renewal.patch_id, renewal.set_generation), (0, 3));
     let previous = renewal.previous.as_ref().expect("the job before's outcome");
     assert_eq!(previous.job_id.as_deref(), Some("job"));
+    // The job the listener heard start on the registration is the job
+    // before, whether or not its record reached the status.
+    let heard = RenewalGrant {
+        set_generation: 3,
+        job_id: Some("heard".to_owned()),
+    };
+    let steps = finishing().renewal(Some(Some(heard))).steps();
+    let previous = steps.iter().find_map(|s| match s {
+        Step::Renew { renewal, .. } => renewal.previous.clone(),
+        _ => None,
+    });
+    assert_eq!(previous.and_then(|p| p.job_id).as_deref(), Some("heard"));
 
     // A runner that failed, or whose registration is not proven gone, is
     // never renewed in place: the set is not even asked.
