@@ -553,9 +553,17 @@ pub struct ControllerOptions {
     /// Renew a runner in place the moment it finishes its job, when its
     /// listener last heard of a job waiting for it: one status write and
     /// no wait for the next scaling decision (see the architecture doc,
-    /// "Renewal in place"). Off: a finished runner is renewed by its set
-    /// under the listener's next decision.
-    #[arg(long, env = "ARCWRIGHT_RENEW_IN_PLACE")]
+    /// "Renewal in place"). Off (`--renew-in-place=false`): a finished
+    /// runner is renewed by its set under the listener's next decision.
+    #[arg(
+        long,
+        env = "ARCWRIGHT_RENEW_IN_PLACE",
+        value_name = "BOOL",
+        default_value_t = true,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
     pub renew_in_place: bool,
     /// Status writes that only inform (a runner's pod started running, it
     /// turned ready), a second, for the whole host; the writes decisions
@@ -677,7 +685,10 @@ mod tests {
             actions,
         } = parse(&[]).unwrap();
         assert!(!actions.allow_plain_http, "tokens go over https only");
-        assert!(!renew_in_place);
+        assert!(renew_in_place);
+        let off = |args: &[&str]| parse(args).unwrap().controllers.renew_in_place;
+        assert!(!off(&["--renew-in-place=false"]));
+        assert!(off(&["--renew-in-place"]), "the bare flag still says on");
         assert_eq!(status_budget, 5);
         assert_eq!(
             (

@@ -107,6 +107,7 @@ async fn ephemeral_runner_sets(ctx: Context) -> Result<(), BoxError> {
     context.runner_cap = shared.max_runners_per_scale_set;
     context.shards = shared.shards.clone();
     context.backlogs = shared.backlogs.clone();
+    context.status_budget = shared.status_budget.clone();
     let context = Arc::new(context);
     join_all(scopes.iter().map(|namespace| {
         ephemeral_runner_set::run(

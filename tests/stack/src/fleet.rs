@@ -28,13 +28,17 @@
 //! 5. `--jobs` jobs spread round-robin over all sets, at once: jobs per
 //!    second from enqueue to the last success, the wait from enqueued to
 //!    started, and the host's Actions calls, API server requests and
-//!    writes per job;
+//!    writes per job, counted until every set is back to its standing
+//!    runners (a job's runner cleaned up is part of its cost);
 //! 6. with `--floor`, the same jobs through the scale benchmark's floor
 //!    ([`crate::floor`]) with the host stopped, on one scale set with as
 //!    many runners as the whole fleet (K × `maxRunners`): `floor_ratio` is
 //!    the fleet's jobs per second over the floor's.
 //!
 //! `rss_per_set_kib` is the idle resident set over the baseline, per set.
+//! `actions_calls_lower_bound`, beside `actions_calls_per_job`, is the
+//! fewest calls the protocol allows a job for that many jobs per set
+//! ([`actions_calls_lower_bound`]).
 //! With `--min-runners` above 0 the fleet also stands that many idle
 //! runners per set (each an EphemeralRunner, a JIT Secret, a pod, a
 //! registration), and the line adds what a runner costs.
@@ -144,6 +148,25 @@ pub struct FleetReport {
     pub floor_jobs_per_s: Option<f64>,
 }
 
+/// The fewest Actions calls a job can cost when `jobs` jobs arrive at once
+/// spread over `sets` scale sets that stand no runner for them.
+///
+/// Each job needs a registration of its own (runners are ephemeral): one
+/// JIT config. Each scale set that gets any job must hear of them, in at
+/// least one message (its long poll, and the acknowledgement that lets the
+/// next message come), and must acquire them (one call for all it heard
+/// of). Nothing else is needed for the jobs to run: a runner takes its job
+/// from the broker, not through the listener, a runner that finishes is
+/// renewed for the next without a message, and the runners end on their
+/// own. So a set of `j` jobs costs at least `j + 3` calls.
+pub fn actions_calls_lower_bound(jobs: u64, sets: u32) -> f64 {
+    if jobs == 0 {
+        return 0.0;
+    }
+    let busy_sets = jobs.min(u64::from(sets));
+    (jobs + 3 * busy_sets) as f64 / jobs as f64
+}
+
 impl FleetReport {
     /// `count` per minute of the idle window.
     fn per_minute(&self, count: u64) -> f64 {
@@ -214,9 +237,10 @@ impl std::fmt::Display for FleetReport {
             let per_job = |n: u64| n as f64 / self.jobs as f64;
             write!(
                 f,
-                " actions_calls_per_job={:.2} apiserver_requests_per_job={:.2} \
-                 apiserver_writes_per_job={:.2}",
+                " actions_calls_per_job={:.2} actions_calls_lower_bound={:.2} \
+                 apiserver_requests_per_job={:.2} apiserver_writes_per_job={:.2}",
                 per_job(self.jobs_actions_calls),
+                actions_calls_lower_bound(self.jobs, self.scale_sets),
                 per_job(self.jobs_apiserver.total),
                 per_job(self.jobs_apiserver.writes),
             )?;
@@ -382,6 +406,19 @@ pub async fn run(options: &FleetOptions, progress: &dyn Fn(&str)) -> Result<Flee
         stack.jobs_succeeded(before + u64::from(jobs)).await?;
         report.jobs = u64::from(jobs);
         report.jobs_wall = enqueued.elapsed();
+        // A job's cost includes its runner's going: counted until every
+        // set is back to its standing runners, as the scale benchmark
+        // counts until every runner is gone.
+        progress("all jobs done; waiting for the runners to be cleaned up");
+        let standing_left = usize::try_from(standing).unwrap_or(usize::MAX);
+        stack
+            .until("the sets back to their standing runners", || async {
+                let pods = stack.pods().list(&ListParams::default()).await.ok()?;
+                let runners = stack.runners().list(&ListParams::default()).await.ok()?;
+                (pods.items.len() <= standing_left && runners.items.len() <= standing_left)
+                    .then_some(())
+            })
+            .await?;
         report.jobs_actions_calls = stack
             .host_actions_calls_since(&calls_before)
             .into_iter()
@@ -617,6 +654,8 @@ mod tests {
             assert!(line.contains(figure), "{figure} in {line}");
         }
         assert!(!line.contains("standing_runners"), "{line}");
+        assert!((actions_calls_lower_bound(1000, 200) - 1.6).abs() < 1e-9);
+        assert!((actions_calls_lower_bound(250, 50) - 1.6).abs() < 1e-9);
 
         let busy = FleetReport {
             jobs_actions_calls: 60,
@@ -631,6 +670,8 @@ mod tests {
         let line = busy.to_string();
         for figure in [
             "actions_calls_per_job=1.20 ",
+            // 50 jobs on 100 sets: one a set, four calls each at least.
+            "actions_calls_lower_bound=4.00 ",
             "apiserver_requests_per_job=10.00 ",
             "apiserver_writes_per_job=5.00",
             "floor_jobs_per_s=10.00 floor_ratio=0.50",

@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{EphemeralRunner, EphemeralRunnerSet, labels};
 use crate::backlog::{SetKey, Terms};
+use crate::controllers::kit::budget::{self, WriteBudget};
 use crate::controllers::kit::expectations::{GroupExpectations, Known};
 use crate::controllers::kit::{ErrorLabel, relist};
 use crate::controllers::metrics::ControllerMetrics;
@@ -69,6 +70,10 @@ pub struct Context {
     /// Where each set says on what terms its runners are renewed in place
     /// by their own controller when they finish ([`crate::backlog`]).
     pub backlogs: crate::backlog::Backlogs,
+    /// The host's budget of status writes that only inform
+    /// ([`crate::controllers::kit::budget`]): a set's status that only
+    /// moves its runner counts waits for it.
+    pub status_budget: WriteBudget,
     /// What the controller remembers of each set between passes, by uid.
     memory: std::sync::Mutex<std::collections::HashMap<String, SetMemory>>,
     /// The runners as the controller's watch holds them, while it runs.
@@ -149,6 +154,7 @@ impl Context {
             runner_cap: super::kit::DEFAULT_RUNNER_CAP,
             shards: crate::sharding::Shards::single(),
             backlogs: crate::backlog::Backlogs::new(),
+            status_budget: WriteBudget::default(),
             memory: std::sync::Mutex::default(),
             runner_cache: std::sync::Mutex::default(),
         }
@@ -281,7 +287,10 @@ async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Ac
     if let Some(generation) = plan.decided {
         ctx.remember(&observed.uid, |m| m.decided = Some(generation));
     }
-    if let Some(status) = &plan.status {
+    // Counts alone wait for the host's status budget, and are written by a
+    // later pass (the counts as they are then).
+    let put_off = plan.status.is_some() && plan.status_informs_only && !ctx.status_budget.take();
+    if let Some(status) = plan.status.as_ref().filter(|_| !put_off) {
         // Last: the applied revision it may carry must not be recorded
         // before the cleanup it stands for went through.
         apply.write_status(status).await?;
@@ -307,6 +316,9 @@ async fn reconcile(set: Arc<EphemeralRunnerSet>, ctx: Arc<Context>) -> Result<Ac
             ctx.metrics
                 .counts(&observed.metric_labels, &observed.arc_labels, status);
         }
+    }
+    if put_off {
+        return Ok(Action::requeue(plan.requeue.min(budget::RETRY)));
     }
     Ok(Action::requeue(plan.requeue))
 }

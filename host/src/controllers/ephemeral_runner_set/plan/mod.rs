@@ -138,12 +138,19 @@ pub fn counts_deferred(
     after: &EphemeralRunnerSetStatus,
     since_last: Option<Duration>,
 ) -> Option<Duration> {
-    let counts_only = after.phase == before.phase
+    let rest = COUNTS_INTERVAL.saturating_sub(since_last?);
+    (counts_only(before, after) && !rest.is_zero()).then_some(rest)
+}
+
+/// Whether `after` differs from `before` in the runner counts alone: a
+/// write that only informs, which the apply layer also holds to the
+/// host's status budget (a set's interval bounds one set; a fleet of them
+/// needs a bound for the sum).
+pub fn counts_only(before: &EphemeralRunnerSetStatus, after: &EphemeralRunnerSetStatus) -> bool {
+    after.phase == before.phase
         && after.applied_actionable_revision == before.applied_actionable_revision
         && after.observed_generation == before.observed_generation
-        && after.conditions == before.conditions;
-    let rest = COUNTS_INTERVAL.saturating_sub(since_last?);
-    (counts_only && !rest.is_zero()).then_some(rest)
+        && after.conditions == before.conditions
 }
 
 /// What the plan needs to know about the set.
@@ -321,6 +328,8 @@ pub struct Plan {
     pub status: Option<EphemeralRunnerSetStatus>,
     /// Events to publish once the status is written.
     pub status_events: Vec<Notice>,
+    /// Whether the status only moves the runner counts ([`counts_only`]).
+    pub status_informs_only: bool,
     /// Remove our finalizer: the set is deleted and no runner is left.
     pub remove_finalizer: bool,
     /// When to look again without being woken.
@@ -506,6 +515,9 @@ pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
         .as_ref()
         .and_then(|status| counts_deferred(&set.status, status, set.since_status_written));
     let status = status.filter(|_| deferred.is_none());
+    let status_informs_only = status
+        .as_ref()
+        .is_some_and(|after| counts_only(&set.status, after));
     Plan {
         deletion_events: deletion_events(&delete),
         status_events: status
@@ -515,6 +527,7 @@ pub fn plan(set: &SetView, runners: &[RunnerView]) -> Plan {
         renew,
         create,
         status,
+        status_informs_only,
         requeue: deferred.map_or(requeue, |wait| wait.min(requeue)),
         // A decision is applied once a pass completes it (rule 9).
         decided: (scaling && set.patch_id != 0 && completes).then_some(set.generation),

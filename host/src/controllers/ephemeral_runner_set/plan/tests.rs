@@ -425,9 +425,16 @@ fn a_status_of_counts_alone_is_put_off_and_looked_at_again_when_due() {
     assert_eq!(p.status, None);
     assert_eq!(p.requeue, Duration::from_millis(700));
     assert!(p.status_events.is_empty());
-    // A second after the last write, it goes.
+    // A second after the last write, it goes, as a write that only
+    // informs (held to the host's budget by the apply layer).
     s.since_status_written = Some(COUNTS_INTERVAL);
-    assert_eq!(plan(&s, &more).status.unwrap().current_replicas, 2);
+    let p = plan(&s, &more);
+    assert!(p.status_informs_only);
+    assert_eq!(p.status.unwrap().current_replicas, 2);
+    // A status that says more than the counts is never held.
+    s.generation += 1;
+    let p = plan(&s, &more);
+    assert!(p.status.is_some() && !p.status_informs_only, "{p:?}");
 }
 
 #[test]
