@@ -375,9 +375,10 @@ impl RunnerJobs {
     /// five of a renewed job's), and with the set reading who is busy from
     /// `backlogs` no decision reads the record: it tells people which job
     /// a runner runs, and the renewal that follows the job names it in
-    /// `status.renewal.previous` anyway. A start put off is written once
-    /// the budget allows, unless the job ended or its runner ended first
-    /// (nothing would read it then). Two kinds of runner still get the
+    /// `status.renewal.previous` anyway. A start is written once it has
+    /// held [`budget::RETRY`] and the budget allows, unless the job or its
+    /// runner ended first (nothing would read it then): under a burst most
+    /// jobs are over by then. Two kinds of runner still get the
     /// record at once: one whose set protects busy runners (its pod is
     /// marked from the record) and one the cache does not show (whose set
     /// nothing is known of). Ends are written as before.
@@ -399,8 +400,8 @@ impl RunnerJobs {
             .is_some_and(|r| r.spec.protect_busy_runners != Some(true))
     }
 
-    /// Writes the start of `job` (`status`) once the budget allows, unless
-    /// the job or its runner ended first.
+    /// Writes the start of `job` (`status`) once it has held a while and
+    /// the budget allows, unless the job or its runner ended first.
     fn start_later(&self, heard: Heard, job: &JobStarted, status: serde_json::Value) {
         let (jobs, runner, runner_id) = (self.clone(), job.runner_name.clone(), job.runner_id);
         tokio::spawn(async move {
@@ -629,7 +630,7 @@ impl JobSink for RunnerJobs {
                 job_id: job.job_id.clone(),
             },
         );
-        if !self.start_may_wait(&job.runner_name) || heard.budget.take() {
+        if !self.start_may_wait(&job.runner_name) {
             return self.record(&job.runner_name, status).await;
         }
         self.start_later(heard.clone(), &job, status);

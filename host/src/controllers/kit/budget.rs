@@ -17,6 +17,14 @@ use std::time::{Duration, Instant};
 /// How soon a runner whose write was put off looks again.
 pub const RETRY: Duration = Duration::from_secs(2);
 
+/// How old a runner's pod must be before a write that only informs of it
+/// is made. Under a burst a pod starts, runs its job and exits within a
+/// second or two: a write saying it runs is stale by the time anyone reads
+/// it, and the runner's next write (its renewal or its ending) says what
+/// is true then. A runner whose pod waits for a job, or runs a long one,
+/// shows Running two seconds after its pod was made.
+pub const SETTLED: Duration = Duration::from_secs(2);
+
 /// The host's default: informative status writes per second.
 pub const DEFAULT_PER_SECOND: u32 = 5;
 

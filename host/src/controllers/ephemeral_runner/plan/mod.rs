@@ -129,6 +129,7 @@ use jiff::Timestamp;
 use crate::api::ephemeral_runner::hold::HeldFailure;
 use crate::api::ephemeral_runner::{ConditionReason, EventReason, PhaseReason};
 use crate::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerStatus, finalizers};
+use crate::controllers::kit::budget::SETTLED;
 use crate::controllers::kit::{Severity, finalizer};
 use crate::policy::types::{RunnerEnding, Verdict};
 
@@ -582,12 +583,17 @@ impl Pass<'_> {
         // forgetting them.
         let resource_version = self.obs.runner.metadata.resource_version.as_deref();
         if let Some(change) = self.change.into_change(resource_version) {
-            let step = if change.informs_only() {
-                Step::InformStatus(change)
+            if !change.informs_only() {
+                self.plan.steps.insert(0, Step::PatchStatus(change));
+            } else if let Some(rest) = self.obs.pod.as_ref().and_then(|pod| {
+                Some(SETTLED.saturating_sub(elapsed(pod.created, self.obs.now)))
+                    .filter(|rest| !rest.is_zero())
+            }) {
+                // What it says of a pod this young may not hold when read.
+                self.plan.requeue = Some(self.plan.requeue.map_or(rest, |r| r.min(rest)));
             } else {
-                Step::PatchStatus(change)
-            };
-            self.plan.steps.insert(0, step);
+                self.plan.steps.insert(0, Step::InformStatus(change));
+            }
         }
         self.plan
     }

@@ -375,3 +375,30 @@ fn a_restarting_native_sidecar_is_no_failed_start() {
         "{steps:?}"
     );
 }
+
+#[test]
+fn what_a_young_pod_does_is_written_only_once_it_has_held() {
+    // A pod made a second ago runs: under a burst its job may be over
+    // before anyone reads a write saying so. The write waits until the pod
+    // is two seconds old, and the pass looks again then.
+    let young = case(Runner::new().registered(7).phase(Pending))
+        .secret(7)
+        .pod(pod(RunnerContainer::Running))
+        .now(1);
+    let plan = young.run().unwrap();
+    assert_eq!(describe(&plan.steps), Vec::<String>::new());
+    assert_eq!(plan.requeue, Some(Duration::from_secs(1)));
+    let settled = young.now(2).run().unwrap();
+    assert_eq!(
+        describe(&settled.steps),
+        ["inform phase=Running ready=true"]
+    );
+    // A write a decision rests on is never held: the pod exited at once.
+    let exited_young = case(Runner::new().registered(7).phase(Pending))
+        .secret(7)
+        .pod(exited(0))
+        .verdict(Verdict::SelfDeregistered)
+        .now(1);
+    let steps = describe(&exited_young.run().unwrap().steps);
+    assert!(steps[0].starts_with("status phase=Succeeded"), "{steps:?}");
+}
