@@ -420,7 +420,15 @@ fn assert_nothing_leaked(ledger: &Ledger, live_runners: u64) {
 
 #[tokio::test]
 async fn a_burst_gets_runners_up_to_max_and_the_set_returns_to_zero() {
-    let world = World::new("scale-set-burst").await;
+    let mut world = World::unstarted("scale-set-burst", false).await;
+    // The job records on the runners' statuses, which this burst asserts
+    // one by one, are what keeps scale-down off a busy runner without
+    // renewal in place. With it (the default) the listener tells the set
+    // in memory and writes a start only once it has run two seconds: that
+    // path is `a_job_heard_and_not_yet_recorded_keeps_its_runner_from_scale_down`
+    // (tests/ephemeral_runner_set.rs) and the stack's lifecycle tests.
+    world.flags = vec!["--renew-in-place=false".into()];
+    world.start_host().await;
     world.ready().await;
     world.create_set(0, 3).await;
     let set = world.listening().await;
