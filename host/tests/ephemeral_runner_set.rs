@@ -155,6 +155,21 @@ impl Harness {
         )
     }
 
+    /// Creates the set with `replicas` runners, each reported registered
+    /// and idle, and waits until the set counts them running.
+    async fn idle_runners(&self, replicas: i32, patch_id: i32) -> Vec<String> {
+        let runners = self.set_with_runners(replicas, patch_id).await;
+        for runner in &runners {
+            self.idle(runner).await;
+        }
+        let running = i64::from(replicas);
+        self.until_status("reported", |s| {
+            i64::from(s.running_ephemeral_runners) == running
+        })
+        .await;
+        runners
+    }
+
     /// Three runners of revision 1 (idle, busy, and pending unregistered),
     /// each held by a finalizer; then a new spec published at revision 2,
     /// and the cleanup under way. Returns the three names and the set's
@@ -643,12 +658,7 @@ async fn a_runner_that_succeeded_is_renewed_by_the_next_decision_not_replaced() 
 #[tokio::test]
 async fn a_stale_decision_removes_nothing() {
     let h = Harness::new("ers-stale-decision").await;
-    let runners = h.set_with_runners(3, 5).await;
-    for name in &runners {
-        h.idle(name).await;
-    }
-    h.until_status("reported", |s| s.running_ephemeral_runners == 3)
-        .await;
+    let runners = h.idle_runners(3, 5).await;
 
     // A decision older than the runners it would remove.
     let generation = h.decide(1, 3).await;
@@ -950,12 +960,7 @@ async fn a_job_heard_and_not_yet_recorded_keeps_its_runner_from_scale_down() {
     use arcwright::listener::cluster::{ClusterView, RunnerJobs};
 
     let h = Harness::new("heard-busy").await;
-    let runners = h.set_with_runners(3, 1).await;
-    for runner in &runners {
-        h.idle(runner).await;
-    }
-    h.until_status("reported", |s| s.running_ephemeral_runners == 3)
-        .await;
+    let runners = h.idle_runners(3, 1).await;
     let shutdown = CancellationToken::new();
     let view = ClusterView::watch(
         &h.env.client(),
