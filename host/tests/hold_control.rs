@@ -40,28 +40,21 @@ impl World {
     async fn new(name: &str) -> World {
         let env = TestEnv::new(name).await;
         common::install_crds(env.client()).await;
-        let app = router(
-            env.client(),
-            InteractionsConfig {
-                signing_secret: Secret::new(SIGNING_SECRET),
-                extend_by: Duration::from_secs(30 * 60),
-            },
-        )
-        .merge(arcwright::debug::api::router(env.client()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (base, server) = serve(env.client()).await;
         let url = format!("{base}{}", interactions::PATH);
-        let server = tokio::spawn(async move {
-            let app =
-                app.into_make_service_with_connect_info::<arcwright::debug::api::ClientAddr>();
-            axum::serve(listener, app).await.unwrap();
-        });
         World {
             env,
             url,
             base,
             _server: server,
         }
+    }
+
+    /// Another replica's endpoint on the same cluster: its own process
+    /// state, the same API server. Returns its interactions URL.
+    async fn replica(&self) -> (String, tokio::task::JoinHandle<()>) {
+        let (base, server) = serve(self.env.client()).await;
+        (format!("{base}{}", interactions::PATH), server)
     }
 
     fn runners(&self) -> Api<EphemeralRunner> {
@@ -293,6 +286,15 @@ async fn a_press_is_taken_once_however_often_it_is_sent() {
     // window: answered, and nothing moves.
     assert_eq!(press.send(&world.url).await.unwrap(), 200);
     assert_eq!(world.hold_until("r").await, once, "extended once only");
+    // And to another replica behind the same Service, which never saw it:
+    // the press is recorded on the runner, so it is taken there too.
+    let (other, _replica) = world.replica().await;
+    assert_eq!(press.send(&other).await.unwrap(), 200);
+    assert_eq!(
+        world.hold_until("r").await,
+        once,
+        "extended once, by any replica"
+    );
     // A second press of the button is a request of its own.
     assert_eq!(
         world.press(EXTEND, "r").send(&world.url).await.unwrap(),
@@ -302,6 +304,38 @@ async fn a_press_is_taken_once_however_often_it_is_sent() {
         world.hold_until("r").await,
         Some(format_hold_until(since + SignedDuration::from_mins(60)))
     );
+    // One press reaching both replicas at once (Slack's retry while the
+    // first is answered): one write wins the runner's resourceVersion, the
+    // other reads again and finds the press taken.
+    world.held_runner("s", "Debugging", since).await;
+    let press = world.press(EXTEND, "s");
+    let (a, b) = tokio::join!(press.send(&world.url), press.send(&other));
+    assert_eq!((a.unwrap(), b.unwrap()), (200, 200));
+    assert_eq!(
+        world.hold_until("s").await,
+        Some(format_hold_until(since + SignedDuration::from_mins(40))),
+        "extended once"
+    );
+}
+
+/// Serves the interactions endpoint and the hold API as one replica of the
+/// host does; returns its base URL and its task.
+async fn serve(client: kube::Client) -> (String, tokio::task::JoinHandle<()>) {
+    let app = router(
+        client.clone(),
+        InteractionsConfig {
+            signing_secret: Secret::new(SIGNING_SECRET),
+            extend_by: Duration::from_secs(30 * 60),
+        },
+    )
+    .merge(arcwright::debug::api::router(client));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        let app = app.into_make_service_with_connect_info::<arcwright::debug::api::ClientAddr>();
+        axum::serve(listener, app).await.unwrap();
+    });
+    (base, server)
 }
 
 /// Sends `body`'s payload with the signature headers made for `signed`'s.

@@ -102,7 +102,7 @@ async fn release(
 }
 
 async fn apply(client: &Client, namespace: &str, name: &str, change: HoldChange) -> Response {
-    match change_hold(client, namespace, name, change).await {
+    match change_hold(client, namespace, name, change, None).await {
         Ok(until) => {
             tracing::info!(%namespace, runner = %name, ?change, %until, "hold changed through the API");
             (
@@ -114,9 +114,9 @@ async fn apply(client: &Client, namespace: &str, name: &str, change: HoldChange)
         Err(error) => {
             let status = match &error {
                 HoldControlError::NotFound { .. } => StatusCode::NOT_FOUND,
-                HoldControlError::NotHeld { .. } | HoldControlError::Contended { .. } => {
-                    StatusCode::CONFLICT
-                }
+                HoldControlError::NotHeld { .. }
+                | HoldControlError::Contended { .. }
+                | HoldControlError::Taken { .. } => StatusCode::CONFLICT,
                 HoldControlError::Spec(_) => StatusCode::UNPROCESSABLE_ENTITY,
                 HoldControlError::Kube { .. } => StatusCode::BAD_GATEWAY,
             };

@@ -5,6 +5,15 @@
 //! annotate` would; the runner's reconciler reads it, applies the cap and
 //! ends the hold. The cap is applied here too, so what the caller is told
 //! is what the reconciler will do.
+//!
+//! A Slack press must act once however many replicas it reaches: Slack
+//! retries, and a captured request can be sent again within its
+//! signature's five minutes, to any replica behind the Service. So a press
+//! is recorded on the runner itself ([`PRESSES_TAKEN_ANNOTATION`]), in the
+//! same conditional write as the hold it changes: a second replica reading
+//! the runner sees the press taken, and two replicas taking it at once meet
+//! the resourceVersion precondition, the loser re-reads and sees it. A
+//! memory of presses per process would let each replica act once.
 
 use std::time::Duration;
 
@@ -12,6 +21,7 @@ use jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
+use sha2::{Digest, Sha256};
 
 use super::hold::{DebugSpecError, HOLD_UNTIL_ANNOTATION, Hold, format_hold_until};
 use crate::api::{EphemeralRunner, EphemeralRunnerPhase};
@@ -57,6 +67,14 @@ pub enum HoldControlError {
         /// Its name.
         name: String,
     },
+    /// The press was taken already, by this replica or another.
+    #[error("EphemeralRunner {namespace}/{name}'s hold was changed by this press already")]
+    Taken {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
     /// A Kubernetes API call failed.
     #[error("the Kubernetes API refused to {action}: {source}")]
     Kube {
@@ -68,7 +86,70 @@ pub enum HoldControlError {
     },
 }
 
+/// The annotation recording the Slack presses a runner's hold has taken
+/// within their signatures' window: `<signed at>:<digest>` entries, space
+/// separated. The digest is of the request's signature, so the annotation
+/// tells nobody a signature to send again.
+pub const PRESSES_TAKEN_ANNOTATION: &str = "arcwright.dev/slack-presses-taken";
+
+/// How long a press is remembered: the signature check's five minutes and
+/// a minute for clocks that disagree.
+const PRESS_MEMORY_SECS: i64 = 6 * 60;
+
+/// At most this many presses are remembered on a runner; a burst beyond it
+/// within six minutes forgets the oldest, which a replay could then take
+/// again (one extension more, still within the hold's cap).
+const PRESSES_KEPT: usize = 32;
+
+/// One signed request, to be taken once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Press {
+    digest: String,
+    signed_at: i64,
+}
+
+impl Press {
+    /// The press whose request carries `signature`, signed at `signed_at`
+    /// (Unix seconds).
+    pub fn new(signature: &str, signed_at: i64) -> Press {
+        let digest = Sha256::digest(signature.as_bytes());
+        Press {
+            digest: digest[..12].iter().map(|b| format!("{b:02x}")).collect(),
+            signed_at,
+        }
+    }
+}
+
+/// The annotation's value once `press` is taken at `now`, the presses past
+/// their window dropped; `None` when `press` was taken already. Pure, for
+/// the tests.
+pub fn take_press(taken: Option<&str>, press: &Press, now: i64) -> Option<String> {
+    let mut kept: Vec<(i64, &str)> = taken
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|entry| {
+            let (at, digest) = entry.split_once(':')?;
+            Some((at.parse().ok()?, digest))
+        })
+        .filter(|(at, _)| now - at <= PRESS_MEMORY_SECS)
+        .collect();
+    if kept.iter().any(|(_, digest)| *digest == press.digest) {
+        return None;
+    }
+    kept.push((press.signed_at, &press.digest));
+    kept.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
+    kept.truncate(PRESSES_KEPT);
+    Some(
+        kept.iter()
+            .map(|(at, digest)| format!("{at}:{digest}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
+}
+
 /// Extends or releases the hold of `namespace/name`; returns its new end.
+/// With `press`, the change is that press's and is taken once
+/// ([`HoldControlError::Taken`] after that).
 ///
 /// The write is conditional on the runner's resourceVersion, so two
 /// presses at once both count rather than one overwriting the other's
@@ -78,6 +159,7 @@ pub async fn change_hold(
     namespace: &str,
     name: &str,
     change: HoldChange,
+    press: Option<&Press>,
 ) -> Result<Timestamp, HoldControlError> {
     let api: Api<EphemeralRunner> = Api::namespaced(client.clone(), namespace);
     for _ in 0..4 {
@@ -92,10 +174,29 @@ pub async fn change_hold(
                 namespace: namespace.to_string(),
                 name: name.to_string(),
             })?;
-        let until = new_end(&runner, change, Timestamp::now())?;
+        let now = Timestamp::now();
+        let mut annotations = serde_json::Map::new();
+        if let Some(press) = press {
+            let taken = runner
+                .annotations()
+                .get(PRESSES_TAKEN_ANNOTATION)
+                .map(String::as_str);
+            let Some(taken) = take_press(taken, press, now.as_second()) else {
+                return Err(HoldControlError::Taken {
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                });
+            };
+            annotations.insert(PRESSES_TAKEN_ANNOTATION.into(), taken.into());
+        }
+        let until = new_end(&runner, change, now)?;
+        annotations.insert(
+            HOLD_UNTIL_ANNOTATION.into(),
+            format_hold_until(until).into(),
+        );
         let patch = json!({"metadata": {
             "resourceVersion": runner.resource_version(),
-            "annotations": { HOLD_UNTIL_ANNOTATION: format_hold_until(until) },
+            "annotations": annotations,
         }});
         match api
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -186,6 +287,39 @@ mod tests {
                 Some([(HOLD_UNTIL_ANNOTATION.to_string(), a.to_string())].into());
         }
         r
+    }
+
+    #[test]
+    fn a_press_is_taken_once_and_forgotten_after_its_window() {
+        let first = Press::new("v0=aaaa", 1000);
+        let second = Press::new("v0=bbbb", 1010);
+        let once = take_press(None, &first, 1000).unwrap();
+        assert!(!once.contains("aaaa"), "the signature itself is not kept");
+        assert_eq!(take_press(Some(&once), &first, 1001), None, "a replay");
+        let both = take_press(Some(&once), &second, 1010).unwrap();
+        assert_eq!(take_press(Some(&both), &first, 1300), None);
+        assert_eq!(take_press(Some(&both), &second, 1300), None);
+        // Past six minutes the signature check refuses the request anyway,
+        // so the press is forgotten.
+        let later = take_press(Some(&both), &Press::new("v0=cccc", 1400), 1400).unwrap();
+        assert_eq!(later.split_whitespace().count(), 1, "{later}");
+        // A value nobody wrote is no press, and does not stop one.
+        assert!(take_press(Some("garbage 12:"), &first, 1000).is_some());
+        // A burst keeps the newest presses only.
+        let mut value = String::new();
+        for i in 0..40 {
+            value = take_press(
+                Some(&value),
+                &Press::new(&format!("v0={i}"), 2000 + i),
+                2040,
+            )
+            .unwrap();
+        }
+        assert_eq!(value.split_whitespace().count(), PRESSES_KEPT);
+        assert_eq!(
+            take_press(Some(&value), &Press::new("v0=39", 2039), 2040),
+            None
+        );
     }
 
     #[test]

@@ -13,5 +13,5 @@ pub mod control;
 pub mod hold;
 pub mod throttle;
 
-pub use control::{HoldChange, HoldControlError, change_hold};
+pub use control::{HoldChange, HoldControlError, Press, change_hold};
 pub use hold::{DebugSpecError, HOLD_UNTIL_ANNOTATION, Hold};

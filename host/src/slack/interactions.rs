@@ -17,10 +17,11 @@
 //! crafted in another message, naming a runner in a namespace that never
 //! posted, changes nothing (403). And each press is taken once: the same
 //! signed request again within the signature's five minutes (a replay) is
-//! answered 200 and changes nothing.
+//! answered 200 and changes nothing, whichever replica it reaches, since
+//! the press is recorded on the runner in the write that changes its hold
+//! ([`Press`]).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -35,7 +36,7 @@ use super::signature::verify;
 use crate::actions::Secret;
 use crate::api::EphemeralRunner;
 use crate::api::ephemeral_runner::SlackMessage;
-use crate::debug::{HoldChange, change_hold};
+use crate::debug::{HoldChange, HoldControlError, Press, change_hold};
 use kube::Api;
 
 /// The path the router serves.
@@ -53,34 +54,13 @@ pub struct InteractionsConfig {
 struct Shared {
     client: kube::Client,
     config: InteractionsConfig,
-    /// The signatures of the presses taken, with their timestamps, kept as
-    /// long as the signature check would accept them again.
-    taken: Mutex<HashMap<String, i64>>,
-}
-
-/// How old a signed request may be (the signature check's window), and so
-/// how long a press is remembered.
-const REPLAY_WINDOW_SECS: i64 = 5 * 60;
-
-impl Shared {
-    /// Takes the press signed `signature` at `timestamp`; `false` when it
-    /// was taken already.
-    fn take(&self, signature: &str, timestamp: i64, now: i64) -> bool {
-        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-        taken.retain(|_, at| now - *at <= REPLAY_WINDOW_SECS + 60);
-        taken.insert(signature.to_owned(), timestamp).is_none()
-    }
 }
 
 /// The router serving [`PATH`], for the runtime's server to mount.
 pub fn router(client: kube::Client, config: InteractionsConfig) -> Router {
     Router::new()
         .route(PATH, post(interaction))
-        .with_state(Arc::new(Shared {
-            client,
-            config,
-            taken: Mutex::default(),
-        }))
+        .with_state(Arc::new(Shared { client, config }))
 }
 
 #[derive(Deserialize)]
@@ -133,18 +113,10 @@ async fn interaction(
         tracing::warn!(%error, "refused a Slack interaction");
         return (StatusCode::UNAUTHORIZED, error.to_string());
     }
-    let now = jiff::Timestamp::now().as_second();
     let signed_at = header("x-slack-request-timestamp")
         .and_then(|t| t.parse::<i64>().ok())
-        .unwrap_or(now);
-    if !shared.take(
-        header("x-slack-signature").unwrap_or_default(),
-        signed_at,
-        now,
-    ) {
-        tracing::info!("ignored a Slack interaction already taken (a replay)");
-        return (StatusCode::OK, String::new());
-    }
+        .unwrap_or_else(|| jiff::Timestamp::now().as_second());
+    let press = Press::new(header("x-slack-signature").unwrap_or_default(), signed_at);
     let Some(payload) = url::form_urlencoded::parse(&body)
         .find(|(key, _)| key == "payload")
         .and_then(|(_, value)| serde_json::from_str::<Payload>(&value).ok())
@@ -172,9 +144,12 @@ async fn interaction(
             tracing::warn!(%namespace, runner = %name, slack_user = %user, %refusal, "refused a Slack press");
             return refusal.answer();
         }
-        match change_hold(&shared.client, namespace, name, change).await {
+        match change_hold(&shared.client, namespace, name, change, Some(&press)).await {
             Ok(until) => {
                 tracing::info!(%namespace, runner = %name, slack_user = %user, ?change, %until, "hold changed from Slack");
+            }
+            Err(HoldControlError::Taken { .. }) => {
+                tracing::info!(%namespace, runner = %name, slack_user = %user, "ignored a Slack press already taken (a replay)");
             }
             Err(error) => {
                 // Slack shows a failed interaction to the presser as an
