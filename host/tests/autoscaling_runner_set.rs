@@ -1230,3 +1230,77 @@ async fn a_template_of_thousands_of_containers_is_refused_when_applied() {
         .await
         .unwrap();
 }
+
+/// A set created while another leaves, after the leaving one looked for
+/// peers naming their shared Secret and before it took the finalizer off:
+/// the newcomer read the finalizer as held and did nothing. The release
+/// looks again after its write and gives the Secret back its finalizer.
+#[tokio::test]
+async fn a_set_created_while_another_releases_their_secret_finds_it_held() {
+    let env = TestEnv::new("ars-credentials-race").await;
+    common::install_crds(env.client()).await;
+    common::github_secret(env.client(), env.namespace(), "ghp_unused").await;
+    let sets: Api<AutoscalingRunnerSet> = Api::namespaced(env.client(), env.namespace());
+    let secrets: Api<Secret> = Api::namespaced(env.client(), env.namespace());
+    let create = |name: &'static str| {
+        let sets = sets.clone();
+        async move {
+            let set: AutoscalingRunnerSet = serde_json::from_value(json!({
+                "apiVersion": "arcwright.dev/v1alpha1",
+                "kind": "AutoscalingRunnerSet",
+                "metadata": {"name": name},
+                "spec": {
+                    "githubConfigUrl": "https://github.com/octo-org",
+                    "githubConfigSecret": "github-auth",
+                    "template": template(json!(null)),
+                },
+            }))
+            .unwrap();
+            sets.create(&PostParams::default(), &set).await.unwrap()
+        }
+    };
+    let holds = || async {
+        secrets
+            .get("github-auth")
+            .await
+            .unwrap()
+            .finalizers()
+            .iter()
+            .any(|f| f == finalizers::CREDENTIALS_IN_USE.name)
+    };
+    let leaving = create("leaving").await;
+    controller::credentials_hold::hold(&env.client(), env.namespace(), "github-auth")
+        .await
+        .unwrap();
+    // The newcomer arrives after the leaving set's pass found no peer.
+    let newcomer = create("newcomer").await;
+    let released = controller::credentials_hold::release(
+        &env.client(),
+        env.namespace(),
+        "github-auth",
+        &leaving,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        released,
+        controller::credentials_hold::Released::HeldForAnother
+    );
+    assert!(holds().await, "the newcomer's Secret is held");
+
+    // With both gone, the last release lets the Secret go.
+    for name in ["leaving", "newcomer"] {
+        sets.delete(name, &DeleteParams::default()).await.unwrap();
+        until_gone(sets.clone(), name, "the set is deleted").await;
+    }
+    let released = controller::credentials_hold::release(
+        &env.client(),
+        env.namespace(),
+        "github-auth",
+        &newcomer,
+    )
+    .await
+    .unwrap();
+    assert_eq!(released, controller::credentials_hold::Released::Released);
+    assert!(!holds().await, "released");
+}

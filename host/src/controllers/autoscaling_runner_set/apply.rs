@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::observe::{Apis, actions_client};
 use super::plan::{ProxySecretData, RunnerSetPublication, StatusChange, Step};
-use super::{Context, Error};
+use super::{Context, Error, credentials_hold};
 use crate::actions::{ActionsClient, ActionsError};
 use crate::api::{
     AutoscalingRunnerSet, AutoscalingRunnerSetPhase, AutoscalingRunnerSetStatus,
@@ -96,27 +96,24 @@ async fn apply_step<L: ListenerControl, S: ActionsClientSource>(
             context.actions.forget(&super::github_target(set));
         }
         Step::HoldCredentials => {
-            credentials_finalizer(
-                context,
-                apis,
-                &namespace,
-                &set.spec.github_config_secret,
-                true,
-            )
-            .await?;
+            credentials_hold::hold(&context.client, &namespace, &set.spec.github_config_secret)
+                .await
+                .map_err(kube_err("holding the credentials Secret"))?;
         }
         Step::ReleaseCredentials => {
-            credentials_finalizer(
-                context,
-                apis,
+            credentials_hold::release(
+                &context.client,
                 &namespace,
                 &set.spec.github_config_secret,
-                false,
+                set,
             )
-            .await?;
+            .await
+            .map_err(kube_err("releasing the credentials Secret"))?;
         }
         Step::ReleaseFormerCredentials(secret) => {
-            credentials_finalizer(context, apis, &namespace, &secret, false).await?;
+            credentials_hold::release(&context.client, &namespace, &secret, set)
+                .await
+                .map_err(kube_err("releasing the former credentials Secret"))?;
         }
         Step::RecordCredentials => {
             let patch = json!({"metadata": {"annotations": {
@@ -268,49 +265,6 @@ enum StatusBody<'a> {
 #[derive(Debug, Serialize)]
 struct StatusPatch<'a> {
     status: StatusBody<'a>,
-}
-
-/// Adds (`hold`) or removes our `credentials-in-use` finalizer on the
-/// Secret `secret`; a Secret that is gone has nothing to hold or release.
-async fn credentials_finalizer<L: ListenerControl, S: ActionsClientSource>(
-    context: &Context<L, S>,
-    apis: &Apis,
-    namespace: &str,
-    secret: &str,
-    hold: bool,
-) -> Result<(), Error> {
-    let Some(found) = apis
-        .secrets
-        .get_metadata_opt(secret)
-        .await
-        .map_err(kube_err("reading the credentials Secret"))?
-    else {
-        return Ok(());
-    };
-    let metadata_api: kube::Api<kube::core::PartialObjectMeta<Secret>> =
-        kube::Api::namespaced(context.client.clone(), namespace);
-    let result = if hold {
-        finalizer::add(
-            &metadata_api,
-            &found,
-            &finalizers::CREDENTIALS_IN_USE,
-            FIELD_MANAGER,
-        )
-        .await
-    } else {
-        finalizer::remove(
-            &metadata_api,
-            &found,
-            &finalizers::CREDENTIALS_IN_USE,
-            FIELD_MANAGER,
-        )
-        .await
-    };
-    result.map_err(kube_err(if hold {
-        "holding the credentials Secret"
-    } else {
-        "releasing the credentials Secret"
-    }))
 }
 
 async fn write_status(

@@ -17,6 +17,7 @@
 //! refused.
 
 mod apply;
+pub mod credentials_hold;
 pub mod failure;
 mod observe;
 pub mod plan;

@@ -17,7 +17,7 @@ use super::plan::{
     RunnerObserved, RunnerProxy, RunnerSetObserved, RunnerSetState, ServiceScaleSet,
     ShadowTemplateVerdict, TemplateVerdict,
 };
-use super::{Context, Error, github_target};
+use super::{Context, Error, credentials_hold, github_target};
 use crate::actions::{ActionsClient, ActionsError};
 use crate::api::{
     AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet, EphemeralRunnerSetPhase,
@@ -644,30 +644,15 @@ async fn former_credentials(
         .await
         .map_err(kube_err("reading the former credentials Secret"))?
         .is_some_and(|secret| finalizer::held(&secret, &finalizers::CREDENTIALS_IN_USE));
-    let shared = held && named_by_another(set, name, apis).await?;
+    let shared = held
+        && credentials_hold::named_by_another(&apis.sets, set, name)
+            .await
+            .map_err(kube_err("listing the scale sets"))?;
     Ok(Some(FormerCredentials {
         name: name.clone(),
         held,
         shared,
     }))
-}
-
-/// Whether a set other than `set` in its namespace names the Secret `name`;
-/// a set being deleted counts too: its teardown needs the Secret until it
-/// is gone (the last set to go releases it).
-async fn named_by_another(
-    set: &AutoscalingRunnerSet,
-    name: &str,
-    apis: &Apis,
-) -> Result<bool, Error> {
-    Ok(apis
-        .sets
-        .list(&ListParams::default())
-        .await
-        .map_err(kube_err("listing the scale sets"))?
-        .items
-        .iter()
-        .any(|other| other.uid() != set.uid() && other.spec.github_config_secret == name))
 }
 
 /// What [`super::plan::plan_deletion`] decides from: the EphemeralRunnerSet,
@@ -716,7 +701,10 @@ pub(super) async fn deletion<L: ListenerControl, S>(
         .as_ref()
         .is_some_and(|secret| finalizer::held(secret, &finalizers::CREDENTIALS_IN_USE));
     // Only worth a list when there is something to release.
-    let credentials_shared = credentials_held && named_by_another(set, &secret_name, apis).await?;
+    let credentials_shared = credentials_held
+        && credentials_hold::named_by_another(&apis.sets, set, &secret_name)
+            .await
+            .map_err(kube_err("listing the scale sets"))?;
     let former_credentials = former_credentials(set, apis).await?;
     Ok(DeletionObserved {
         listener_running: context.listeners.running(&namespace, &name).is_some(),
