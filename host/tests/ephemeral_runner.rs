@@ -42,7 +42,9 @@ use jiff::Timestamp;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::core::v1::{Container, Event, Pod, PodSpec, Secret};
+use k8s_openapi::api::core::v1::{
+    Container, Event, Pod, PodSpec, Secret, SecurityContext, VolumeMount,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
@@ -52,6 +54,11 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(60);
+
+/// The EphemeralRunnerSet the tests' runners are made the runners of (no
+/// controller serves it): the runner controller registers only a runner
+/// its set owns.
+const SET: &str = "set";
 
 /// Fast versions of the production knobs.
 fn fast_settings() -> Settings {
@@ -219,8 +226,15 @@ impl World {
             ..EphemeralRunnerSpec::default()
         };
         customise(&mut spec);
+        let runner = common::owned_by_a_set(
+            self.env.client(),
+            self.env.namespace(),
+            SET,
+            EphemeralRunner::new(name, spec),
+        )
+        .await;
         self.runners()
-            .create(&PostParams::default(), &EphemeralRunner::new(name, spec))
+            .create(&PostParams::default(), &runner)
             .await
             .unwrap()
     }
@@ -1211,9 +1225,16 @@ async fn exit_7_gives_outdated() {
 #[tokio::test]
 async fn a_pod_the_api_server_refuses_fails_the_runner_and_leaks_no_registration() {
     let world = World::new("invalid-pod", fast_settings()).await;
-    // A container without an image: the API server refuses the pod.
+    // A mount of a volume the pod does not have: the pod-validation
+    // policy has nothing against it, the API server refuses the pod.
     world
-        .create_runner_with("r-invalid", |spec| spec.spec.containers[0].image = None)
+        .create_runner_with("r-invalid", |spec| {
+            spec.spec.containers[0].volume_mounts = Some(vec![VolumeMount {
+                name: "absent".into(),
+                mount_path: "/absent".into(),
+                ..VolumeMount::default()
+            }]);
+        })
         .await;
     let failed = world
         .wait_runner("r-invalid", "failed, its registration gone", |r| {
@@ -1236,6 +1257,144 @@ async fn a_pod_the_api_server_refuses_fails_the_runner_and_leaks_no_registration
         "{events:?}"
     );
     wait_absent(&world.secrets(), "r-invalid", "Secret deleted").await;
+    assert!(world.sim.runners().is_empty(), "no pod was ever made");
+    assert_eq!(world.ledger().still_registered, 0);
+}
+
+#[tokio::test]
+async fn a_runner_its_set_did_not_make_is_never_registered() {
+    let world = World::new("not-owned", fast_settings()).await;
+    let spec = world.create_runner("r-owned").await.spec;
+    // Written by hand: no set, a set that does not exist, and a set's name
+    // with another object's uid.
+    let mut bogus = common::owned_by_a_set(
+        world.env.client(),
+        world.env.namespace(),
+        SET,
+        EphemeralRunner::new("r-bogus-uid", spec.clone()),
+    )
+    .await;
+    bogus.metadata.owner_references.as_mut().unwrap()[0].uid =
+        "00000000-0000-0000-0000-000000000000".into();
+    let mut absent = bogus.clone();
+    absent.metadata.name = Some("r-absent-set".into());
+    absent.metadata.owner_references.as_mut().unwrap()[0].name = "absent".into();
+    absent.metadata.labels.as_mut().unwrap().insert(
+        arcwright::api::labels::EPHEMERAL_RUNNER_SET.into(),
+        "absent".into(),
+    );
+    let orphan = EphemeralRunner::new("r-orphan", spec);
+    for runner in [&bogus, &absent, &orphan] {
+        world
+            .runners()
+            .create(&PostParams::default(), runner)
+            .await
+            .unwrap();
+    }
+    for (name, says) in [
+        ("r-orphan", "no EphemeralRunnerSet controls the runner"),
+        ("r-absent-set", "does not exist"),
+        ("r-bogus-uid", "its uid differs"),
+    ] {
+        let failed = world
+            .wait_runner(name, "failed, not its set's", |r| {
+                phase(r) == Some(EphemeralRunnerPhase::Failed)
+            })
+            .await;
+        let status = failed.status.unwrap();
+        assert_eq!(status.reason.as_deref(), Some("NotOwned"), "{name}");
+        assert!(
+            status.message.as_deref().is_some_and(|m| m.contains(says)),
+            "{name}: {status:?}"
+        );
+        assert_eq!(status.runner_id, 0, "{name} was never registered");
+        let events = world.events(name).await;
+        assert!(
+            events.iter().any(|(reason, _)| reason == "NotOwned"),
+            "{name}: {events:?}"
+        );
+        assert!(world.secrets().get_opt(name).await.unwrap().is_none());
+    }
+    // The set's own runner runs beside them, and it is the only one the
+    // service and the cluster ever saw.
+    world
+        .wait_runner("r-owned", "running", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Running)
+        })
+        .await;
+    let pods: Vec<String> = world.sim.runners().into_iter().map(|r| r.pod).collect();
+    assert!(
+        !pods.is_empty() && pods.iter().all(|pod| pod.starts_with("r-owned")),
+        "{pods:?}"
+    );
+    assert_eq!(world.ledger().still_registered, 1);
+}
+
+#[tokio::test]
+async fn a_runner_whose_pod_its_policy_refuses_is_never_registered() {
+    let world = World::new("pod-refused", fast_settings()).await;
+    // A privileged runner: the template its set was judged by would have
+    // been refused, and so is this one, written past the set.
+    world
+        .create_runner_with("r-privileged", |spec| {
+            spec.spec.containers[0].security_context = Some(SecurityContext {
+                privileged: Some(true),
+                ..SecurityContext::default()
+            });
+        })
+        .await;
+    let failed = world
+        .wait_runner("r-privileged", "failed, its pod refused", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Failed)
+        })
+        .await;
+    let status = failed.status.unwrap();
+    assert_eq!(status.reason.as_deref(), Some("PodRefused"));
+    assert!(
+        status.message.as_deref().is_some_and(|m| m
+            .starts_with("the pod-validation policy default refused")
+            && m.contains("privileged")),
+        "{status:?}"
+    );
+    assert_eq!(status.runner_id, 0);
+    assert!(
+        world
+            .secrets()
+            .get_opt("r-privileged")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // A policy that never loads (its ConfigMap does not exist) judges
+    // nothing and lets nothing through: the runner waits, saying why.
+    world
+        .create_runner_with("r-unjudged", |spec| {
+            spec.policies.pod_validation_policy = Some(
+                serde_json::from_value(json!({"configMapRef": {"name": "absent-checks"}})).unwrap(),
+            );
+        })
+        .await;
+    let said = eventually("the runner says its policy cannot judge", WAIT, || async {
+        let events = world.events("r-unjudged").await;
+        events
+            .into_iter()
+            .find(|(reason, _)| reason == "PodValidationUnavailable")
+    })
+    .await;
+    assert!(said.1.contains("absent-checks"), "{said:?}");
+    let runner = world.runners().get("r-unjudged").await.unwrap();
+    let status = runner.status.unwrap_or_default();
+    assert_eq!(status.runner_id, 0);
+    assert_ne!(status.phase, Some(EphemeralRunnerPhase::Failed));
+    assert!(
+        world
+            .secrets()
+            .get_opt("r-unjudged")
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(world.sim.runners().is_empty(), "no pod was ever made");
     assert_eq!(world.ledger().still_registered, 0);
 }

@@ -615,11 +615,15 @@ async fn a_leader_held_to_kube_qps_renews_its_lease_through_a_burst() {
             "spec": {"restartPolicy": "Never", "containers": [{"name": "runner", "image": "runner:test"}]},
         }))
         .unwrap();
+        let runner = common::owned_by_a_set(
+            env.client(),
+            &ns,
+            "set",
+            EphemeralRunner::new(&format!("r-{i}"), spec),
+        )
+        .await;
         runners
-            .create(
-                &PostParams::default(),
-                &EphemeralRunner::new(&format!("r-{i}"), spec),
-            )
+            .create(&PostParams::default(), &runner)
             .await
             .unwrap();
     }

@@ -484,6 +484,12 @@ wire_names! {
         InvalidTemplate,
         /// Failed: the API server refused the runner pod.
         InvalidPod,
+        /// Failed: no EphemeralRunnerSet owns the runner, so none would
+        /// count it against its `maxRunners`; it was never registered.
+        NotOwned,
+        /// Failed: the pod-validation policy the runner names refused its
+        /// pod template.
+        PodRefused,
         /// Debugging: held after its job failed.
         HeldForDebugging,
         /// Failed: the debug hold ended.
@@ -508,6 +514,13 @@ wire_names! {
         InvalidTemplate,
         /// The API server refused the runner pod.
         InvalidPod,
+        /// No EphemeralRunnerSet owns the runner: it is not registered.
+        NotOwned,
+        /// The pod-validation policy refused the runner's pod template.
+        PodRefused,
+        /// The pod-validation policy cannot judge the runner's pod yet:
+        /// none is made.
+        PodValidationUnavailable,
         /// The runner exited 7.
         RunnerOutdated,
         /// The runner failed for good.

@@ -77,6 +77,7 @@ mod decide;
 pub mod defaults;
 mod engine;
 mod error;
+pub mod gate;
 pub mod loader;
 pub mod metrics;
 mod module;

@@ -246,3 +246,50 @@ pub async fn wait_credentials_held(client: kube::Client, namespace: &str) {
     )
     .await;
 }
+
+/// Creates an EphemeralRunnerSet `name` in `namespace` (no controller
+/// serves it) and returns `runner` made its set's, as the set controller
+/// builds runners: labelled with the set and controlled by it. The runner
+/// controller registers only a runner its set owns.
+#[allow(dead_code)] // the binaries that write runners by hand
+pub async fn owned_by_a_set(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+    mut runner: arcwright::api::EphemeralRunner,
+) -> arcwright::api::EphemeralRunner {
+    use arcwright::api::{EphemeralRunnerSet, EphemeralRunnerSetSpec, labels};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::Resource;
+    let sets: Api<EphemeralRunnerSet> = Api::namespaced(client, namespace);
+    let set = match sets.get_opt(name).await.unwrap() {
+        Some(set) => set,
+        None => sets
+            .create(
+                &PostParams::default(),
+                &EphemeralRunnerSet::new(
+                    name,
+                    EphemeralRunnerSetSpec {
+                        ephemeral_runner_spec: runner.spec.clone(),
+                        ..EphemeralRunnerSetSpec::default()
+                    },
+                ),
+            )
+            .await
+            .unwrap(),
+    };
+    runner
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(labels::EPHEMERAL_RUNNER_SET.into(), name.into());
+    runner.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: EphemeralRunnerSet::api_version(&()).into(),
+        kind: EphemeralRunnerSet::kind(&()).into(),
+        name: name.into(),
+        uid: set.metadata.uid.clone().unwrap(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }]);
+    runner
+}

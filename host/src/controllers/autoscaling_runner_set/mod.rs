@@ -41,7 +41,7 @@ use crate::controllers::kit::{self, ErrorLabel, Publisher, finalizer};
 use crate::controllers::metrics::ControllerMetrics;
 use crate::credentials::{ActionsClientSource, CredentialsError, GitHubTarget};
 use crate::policy::PolicyReporter;
-use crate::policy::loader::{LoadedPolicy, PolicyLoader, PolicyRef};
+use crate::policy::loader::PolicyLoader;
 use crate::sharding::Shards;
 
 pub use crate::listener::control::{
@@ -108,6 +108,25 @@ pub enum Error {
     Incomplete(&'static str),
 }
 
+impl From<crate::policy::gate::GateError> for Error {
+    fn from(error: crate::policy::gate::GateError) -> Self {
+        use crate::policy::gate::GateError;
+        match error {
+            GateError::Policy(error) => Self::Policy(error),
+            GateError::NotLoaded {
+                policy,
+                reason,
+                message,
+            } => Self::PolicyNotLoaded {
+                policy,
+                reason,
+                message,
+            },
+            GateError::Loading(policy) => Self::PolicyLoading(policy),
+        }
+    }
+}
+
 impl ErrorLabel for Error {
     fn label(&self) -> &'static str {
         match self {
@@ -147,14 +166,8 @@ pub struct Context<L, S> {
     shards: Shards,
 }
 
-/// A loaded pod-validation policy and the reference it was loaded for.
-/// A set's loaded pod-validation policy: the reference it was loaded for,
-/// the policy, and what its loading reported.
-type Validator = (
-    Option<PolicyRef>,
-    Arc<LoadedPolicy>,
-    Arc<crate::policy::reporter::LoadState>,
-);
+/// A set's loaded pod-validation policy ([`crate::policy::gate`]).
+type Validator = Arc<crate::policy::gate::Gate>;
 
 impl<L: ListenerControl, S: ActionsClientSource> Context<L, S> {
     /// A context; `reporter` hears about policies that fail to load.

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -28,8 +28,7 @@ use crate::credentials::{ActionsClientSource, CredentialsError, ProxySecrets};
 use crate::listener::Cause;
 use crate::listener::control::{ListenerConfig, ListenerControl};
 use crate::policy::PolicyKind;
-use crate::policy::reporter::{LoadState, Loading, PolicyReporter};
-use crate::policy::types::PodValidationInput;
+use crate::policy::gate::Gate;
 
 /// The API of each kind the controller reads and writes, in the set's
 /// namespace.
@@ -490,10 +489,6 @@ fn desired_runner_set_labels(set: &AutoscalingRunnerSet) -> BTreeMap<String, Str
     wanted
 }
 
-/// How long a pass waits for the first version of a ConfigMap-backed
-/// pod-validation policy before it tries again later.
-const FIRST_VERSION: Duration = Duration::from_secs(10);
-
 /// Runs the pod-validation policy on the template. The loaded policy is
 /// kept per scale set while its reference is unchanged, so a
 /// ConfigMap-backed policy is watched once and not reloaded on every
@@ -547,67 +542,30 @@ async fn validate_with<L, S>(
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .get(&key)
-        .filter(|(loaded_for, _, _)| *loaded_for == reference)
-        .map(|(_, loaded, state)| (Arc::clone(loaded), Arc::clone(state)));
-    let (loaded, state) = match cached {
-        Some(cached) => cached,
+        .filter(|gate| gate.reference() == reference.as_ref())
+        .cloned();
+    let gate = match cached {
+        Some(gate) => gate,
         None => {
-            let state = Arc::new(LoadState::new(Arc::clone(&context.reporter)));
-            let loaded = Arc::new(
-                context
-                    .policies
-                    .load(
-                        PolicyKind::PodValidation,
-                        &namespace,
-                        reference.as_ref(),
-                        Arc::clone(&state) as Arc<dyn PolicyReporter>,
-                    )
-                    .await?,
+            let gate = Arc::new(
+                Gate::load(
+                    &context.policies,
+                    &namespace,
+                    reference,
+                    Arc::clone(&context.reporter),
+                )
+                .await?,
             );
             context
                 .validators
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .insert(
-                    key,
-                    (reference.clone(), Arc::clone(&loaded), Arc::clone(&state)),
-                );
-            (loaded, state)
+                .insert(key, Arc::clone(&gate));
+            gate
         }
     };
-    let label = || {
-        reference.as_ref().map_or_else(String::new, |r| {
-            r.label(PolicyKind::PodValidation, &namespace)
-        })
-    };
-    let following = reference
-        .as_ref()
-        .is_some_and(|r| r.config_map_ref.is_some());
-    let loading = match state.current() {
-        Loading::Pending if following => state.settled(FIRST_VERSION).await,
-        loading => loading,
-    };
-    match loading {
-        Loading::Failed { reason, message } => {
-            return Err(Error::PolicyNotLoaded {
-                policy: label(),
-                reason,
-                message,
-            });
-        }
-        Loading::Pending if following => return Err(Error::PolicyLoading(label())),
-        Loading::Pending | Loading::Loaded => {}
-    }
     let template = serde_json::to_value(&set.spec.template).unwrap_or_default();
-    let decided = loaded
-        .decider()
-        .pod_validation(PodValidationInput { template })
-        .await?;
-    Ok(if decided.decision.violations.is_empty() {
-        TemplateVerdict::Accepted
-    } else {
-        TemplateVerdict::Rejected(decided.decision.violations)
-    })
+    Ok(gate.judge(template).await?)
 }
 
 /// Whether the credentials Secret holds our finalizer; `None` when it is

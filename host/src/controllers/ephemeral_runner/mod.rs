@@ -53,6 +53,7 @@ use crate::controllers::kit::expectations::Expectations;
 use crate::controllers::kit::{ErrorLabel, Publisher, relist};
 use crate::controllers::metrics::{ControllerMetrics, RunnerLabels};
 use crate::credentials::{ActionsClients, ActionsRemover, CredentialsError, GitHubTarget};
+use crate::policy::gate::Gate;
 use crate::policy::loader::{LoadedPolicy, PolicyLoader, PolicyRef};
 use crate::policy::{PolicyError, PolicyKind, PolicyReporter};
 use crate::slack::SlackClient;
@@ -215,12 +216,13 @@ pub(crate) struct Context {
     config: Config,
     pool: Arc<UnregistrationPool<ActionsRemover>>,
     publisher: Publisher,
-    /// Loaded deregistration policies by namespace and reference, so a
-    /// reference shared by thousands of runners is compiled and watched once.
+    /// Loaded deregistration and pod-validation policies by kind, namespace
+    /// and reference, so a reference shared by thousands of runners is
+    /// compiled and watched once.
     /// A reference is what a tenant writes (its settings included), so the
     /// cache is bounded by [`POLICY_LIMITS`] and keeps only what some runner
     /// still names ([`Context::deregistration_policy`]).
-    policies: Mutex<TenantCache<PolicyKey, Arc<LoadedPolicy>>>,
+    policies: Mutex<TenantCache<PolicyKey, Kept>>,
     /// The runners as the controller's watch last saw them: what says which
     /// loaded policies are still referred to.
     runners: reflector::Store<EphemeralRunner>,
@@ -249,26 +251,37 @@ pub(crate) struct Context {
     known_secrets: Expectations,
 }
 
-/// A deregistration policy reference as the cache keys it: the runner's
-/// namespace and the reference as JSON (`null` for the bundled default).
-type PolicyKey = (String, String);
+/// A policy reference as the cache keys it: the kind it is loaded as, the
+/// runner's namespace and the reference as JSON (`null` for the default).
+type PolicyKey = (PolicyKind, String, String);
 
-/// How many deregistration policies a namespace keeps loaded: a scale
-/// set's policy and its shadow, for a few dozen sets of settings each.
-/// Past that a reference is loaded for the one verdict it is asked for.
+/// A policy the controller keeps loaded: a deregistration policy, or the
+/// pod-validation gate a runner's pods are judged by.
+#[derive(Clone)]
+enum Kept {
+    Deregistration(Arc<LoadedPolicy>),
+    PodValidation(Arc<Gate>),
+}
+
+/// How many policies a namespace keeps loaded: a scale set's
+/// deregistration policy, its shadow and its pod-validation policy, for a
+/// couple of dozen sets of settings each. Past that a reference is loaded
+/// for the one decision it is asked for.
 pub const POLICY_LIMITS: Limits = Limits {
     per_namespace: 64,
     idle: Duration::from_secs(15 * 60),
 };
 
-fn policy_key(namespace: &str, reference: Option<&PolicyRef>) -> PolicyKey {
+fn policy_key(kind: PolicyKind, namespace: &str, reference: Option<&PolicyRef>) -> PolicyKey {
     (
+        kind,
         namespace.to_string(),
         serde_json::to_string(&reference).unwrap_or_default(),
     )
 }
 
-/// The keys of the policies `runners` name, active and shadow.
+/// The keys of the policies `runners` name: deregistration, active and
+/// shadow, and pod validation.
 fn referenced_policies<'a>(
     runners: impl IntoIterator<Item = &'a EphemeralRunner>,
 ) -> HashSet<PolicyKey> {
@@ -279,13 +292,19 @@ fn referenced_policies<'a>(
             let policies = &runner.spec.policies;
             [
                 Some(policy_key(
+                    PolicyKind::Deregistration,
                     &namespace,
                     policies.deregistration_policy.as_ref(),
                 )),
                 policies
                     .shadow_deregistration_policy
                     .as_ref()
-                    .map(|shadow| policy_key(&namespace, Some(shadow))),
+                    .map(|shadow| policy_key(PolicyKind::Deregistration, &namespace, Some(shadow))),
+                Some(policy_key(
+                    PolicyKind::PodValidation,
+                    &namespace,
+                    policies.pod_validation_policy.as_ref(),
+                )),
             ]
         })
         .flatten()
@@ -306,21 +325,51 @@ impl Context {
         namespace: &str,
         reference: Option<&PolicyRef>,
     ) -> Result<Arc<LoadedPolicy>, PolicyError> {
-        let key = policy_key(namespace, reference);
-        if let Some(loaded) = self.lock_policies().get(&key, tokio::time::Instant::now()) {
-            return Ok(loaded);
+        match self
+            .kept(PolicyKind::Deregistration, namespace, reference)
+            .await?
+        {
+            Kept::Deregistration(loaded) => Ok(loaded),
+            Kept::PodValidation(_) => unreachable!("the key names the kind"),
         }
-        let loaded = Arc::new(
-            self.deps
-                .loader
-                .load(
-                    PolicyKind::Deregistration,
-                    namespace,
-                    reference,
-                    self.deps.reporter.clone(),
-                )
-                .await?,
-        );
+    }
+
+    /// The pod-validation gate `reference` names in `namespace`.
+    async fn pod_gate(
+        &self,
+        namespace: &str,
+        reference: Option<&PolicyRef>,
+    ) -> Result<Arc<Gate>, PolicyError> {
+        match self
+            .kept(PolicyKind::PodValidation, namespace, reference)
+            .await?
+        {
+            Kept::PodValidation(gate) => Ok(gate),
+            Kept::Deregistration(_) => unreachable!("the key names the kind"),
+        }
+    }
+
+    /// The policy of `kind` that `reference` names in `namespace`, loaded
+    /// once and kept while a runner names it (within [`POLICY_LIMITS`]).
+    async fn kept(
+        &self,
+        kind: PolicyKind,
+        namespace: &str,
+        reference: Option<&PolicyRef>,
+    ) -> Result<Kept, PolicyError> {
+        let key = policy_key(kind, namespace, reference);
+        if let Some(kept) = self.lock_policies().get(&key, tokio::time::Instant::now()) {
+            return Ok(kept);
+        }
+        let (loader, reporter) = (&self.deps.loader, self.deps.reporter.clone());
+        let loaded = match kind {
+            PolicyKind::PodValidation => Kept::PodValidation(Arc::new(
+                Gate::load(loader, namespace, reference.cloned(), reporter).await?,
+            )),
+            _ => Kept::Deregistration(Arc::new(
+                loader.load(kind, namespace, reference, reporter).await?,
+            )),
+        };
         // A new reference: the ones no runner names any more (edited away,
         // or their runners gone) are dropped first, with their watches,
         // so the namespace's room is what is in use.
@@ -339,14 +388,14 @@ impl Context {
                 %namespace,
                 refused = policies.refused(),
                 limit = POLICY_LIMITS.per_namespace,
-                "the namespace's runners name more deregistration policies than are kept loaded; \
-                 the others are loaded for each verdict"
+                "the namespace's runners name more policies than are kept loaded; \
+                 the others are loaded for each decision"
             );
         }
         Ok(loaded)
     }
 
-    fn lock_policies(&self) -> MutexGuard<'_, TenantCache<PolicyKey, Arc<LoadedPolicy>>> {
+    fn lock_policies(&self) -> MutexGuard<'_, TenantCache<PolicyKey, Kept>> {
         self.policies.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

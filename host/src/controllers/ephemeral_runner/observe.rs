@@ -8,15 +8,16 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 
 use super::plan::{
-    self, Need, Observed, PodView, PoolView, Presence, RUNNER_CONTAINER, RunnerContainer,
-    VerdictView,
+    self, Admission, Need, Observed, PodView, PoolView, Presence, RUNNER_CONTAINER, Refusal,
+    RunnerContainer, VerdictView,
 };
 use super::resources::{read_jit_secret, read_jit_secret_meta};
 use super::{Context, EphemeralRunnerError, github_target, kube_error};
 use crate::actions::ActionsError;
-use crate::api::{EphemeralRunner, EphemeralRunnerPhase, annotations, labels};
+use crate::api::{EphemeralRunner, EphemeralRunnerPhase, EphemeralRunnerSet, annotations, labels};
 use crate::backlog::{Peer, SetKey};
 use crate::controllers::kit::expectations::{Known, Look};
+use crate::policy::gate::{TemplateVerdict, violations_message};
 use crate::unregistration::Removal;
 use std::time::Duration;
 
@@ -143,6 +144,7 @@ fn observed<'a>(
         hook_objects: None,
         refused_pod: None,
         renewal: None,
+        admission: None,
         now,
     }
 }
@@ -512,6 +514,104 @@ fn renewal_grant(runner: &EphemeralRunner, ctx: &Context) -> Option<plan::Renewa
     granted
 }
 
+/// Whether `runner` may have a pod made ([`Admission`]).
+///
+/// Before its first registration its set's ownership is proven: the
+/// controlling owner its references name is an EphemeralRunnerSet the
+/// API server holds under that uid, and the runner carries that set's
+/// label, so the set counts it against its `maxRunners` (and deletes it
+/// past them). That is one read of the set's metadata per runner object,
+/// none per renewal, and none of the runner's own objects.
+///
+/// Before every pod its template is judged by the pod-validation policy
+/// its spec names, as the AutoscalingRunnerSet controller judged its set's
+/// (about 15 µs once loaded; loads are kept per namespace and reference).
+/// A runner its set built passes as its set's template did; one written
+/// or edited past the set is held to the same policy.
+async fn admission(
+    runner: &EphemeralRunner,
+    first: bool,
+    ctx: &Context,
+) -> Result<Admission, EphemeralRunnerError> {
+    let namespace = runner.namespace().unwrap_or_default();
+    if first && let Some(message) = not_owned(runner, &namespace, ctx).await? {
+        return Ok(Admission::Refused {
+            refusal: Refusal::NotOwned,
+            message,
+        });
+    }
+    let gate = match ctx
+        .pod_gate(
+            &namespace,
+            runner.spec.policies.pod_validation_policy.as_ref(),
+        )
+        .await
+    {
+        Ok(gate) => gate,
+        Err(error) => return Ok(Admission::Waiting(format!("pod validation: {error}"))),
+    };
+    let template = serde_json::json!({
+        "metadata": runner.spec.metadata,
+        "spec": runner.spec.spec,
+    });
+    Ok(match gate.judge(template).await {
+        Ok(TemplateVerdict::Accepted) => Admission::Admitted,
+        Ok(TemplateVerdict::Rejected(violations)) => Admission::Refused {
+            refusal: Refusal::PodRefused,
+            message: format!(
+                "the pod-validation policy {} refused the runner's pod: {}",
+                gate.label(),
+                violations_message(&violations)
+            ),
+        },
+        Err(error) => Admission::Waiting(error.to_string()),
+    })
+}
+
+/// Why `runner` is not its set's, if it is not (see [`admission`]).
+async fn not_owned(
+    runner: &EphemeralRunner,
+    namespace: &str,
+    ctx: &Context,
+) -> Result<Option<String>, EphemeralRunnerError> {
+    let set_kind = EphemeralRunnerSet::kind(&());
+    let Some(owner) = runner
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == set_kind)
+    else {
+        return Ok(Some(format!(
+            "no {set_kind} controls the runner: only a runner its set created is \
+             registered, so that the set counts it against its maxRunners"
+        )));
+    };
+    if runner.labels().get(labels::EPHEMERAL_RUNNER_SET) != Some(&owner.name) {
+        return Ok(Some(format!(
+            "the runner's label {} does not name its owner {set_kind} {:?}, so the set \
+             would not count it",
+            labels::EPHEMERAL_RUNNER_SET,
+            owner.name
+        )));
+    }
+    let sets: Api<EphemeralRunnerSet> = Api::namespaced(ctx.deps.client.clone(), namespace);
+    let set = sets
+        .get_metadata_opt(&owner.name)
+        .await
+        .map_err(kube_error("read the runner's EphemeralRunnerSet"))?;
+    Ok(match set {
+        Some(set) if set.metadata.uid.as_deref() == Some(owner.uid.as_str()) => None,
+        Some(_) => Some(format!(
+            "the {set_kind} {:?} the runner names as its owner is another object (its uid \
+             differs)",
+            owner.name
+        )),
+        None => Some(format!(
+            "the {set_kind} {:?} the runner names as its owner does not exist",
+            owner.name
+        )),
+    })
+}
+
 /// Reads the runner's pod and Secret, asks the pool about its registration,
 /// and runs the plan, answering what it needs until it decides.
 pub(super) async fn observe_and_plan<'a>(
@@ -532,8 +632,8 @@ pub(super) async fn observe_and_plan<'a>(
     let pool = pool_view(runner, secret.as_ref(), ctx, true).unwrap_or(PoolView::Idle);
     let mut observed = observed(runner, pod, secret, pool, Timestamp::now());
     let mut hold_gate = None;
-    // Each need is answered once, so this ends after at most five rounds.
-    for _ in 0..5 {
+    // Each need is answered once, so this ends after at most six rounds.
+    for _ in 0..6 {
         match plan::plan(&observed, &ctx.config.settings) {
             Ok(plan) => {
                 return Ok(Planned {
@@ -581,6 +681,9 @@ pub(super) async fn observe_and_plan<'a>(
                 observed.hook_objects = Some(hook_objects(runner, ctx).await?);
             }
             Err(Need::Renewal) => observed.renewal = Some(renewal_grant(runner, ctx)),
+            Err(Need::Admission { first }) => {
+                observed.admission = Some(admission(runner, first, ctx).await?);
+            }
             Err(Need::Presence(runner_id)) => {
                 let client = ctx.deps.clients.get(&github_target(runner)).await?;
                 observed.presence = Some(match client.get_runner(runner_id).await {

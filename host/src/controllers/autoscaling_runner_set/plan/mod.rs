@@ -124,14 +124,7 @@ pub const COUNTS_RESYNC: Duration = Duration::from_secs(10);
 /// it too), so "moving" is remembered, not judged from one pass.
 pub const COUNTS_SETTLED: Duration = Duration::from_secs(60);
 
-/// The pod-validation policy's verdict on the runner pod template.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TemplateVerdict {
-    /// The template may be built.
-    Accepted,
-    /// The template is refused, with every violation the policy found.
-    Rejected(Vec<Violation>),
-}
+pub use crate::policy::gate::{TemplateVerdict, violations_message};
 
 /// What a shadow pod-validation policy says of the template: shown in the
 /// `ShadowPodTemplateAccepted` condition, never acted on.
@@ -992,15 +985,6 @@ pub fn stalled(
             format!("{}: {}", failure.reason, failure.message),
         )),
     ]
-}
-
-/// The violations as the condition's message: `path: message; ...`.
-pub fn violations_message(violations: &[Violation]) -> String {
-    violations
-        .iter()
-        .map(|v| format!("{}: {}", v.path, v.message))
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 /// Whether two values are the same once what Kubernetes does not preserve

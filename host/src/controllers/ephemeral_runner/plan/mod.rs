@@ -97,6 +97,12 @@
 //!     `lifecycle::the_lifecycle_table`,
 //!     `lifecycle::a_later_registration_is_recorded_with_the_registration_step`,
 //!     `deletion::a_lost_secret_means_a_new_registration_after_the_old_one_goes`).
+//!     Before it, the runner must be admitted: its template accepted by
+//!     the pod-validation policy before every pod, and before its first
+//!     registration its set's ownership proven; refused, it is Failed
+//!     (`NotOwned`, `PodRefused`), and while the policy cannot judge,
+//!     nothing is made (`register::admitted`;
+//!     `lifecycle::a_runner_is_admitted_before_its_pod`).
 //! 12. A runner that ends in this pass goes on to its ending (rule 7) in
 //!     the same pass ([`plan`]; `lifecycle::the_lifecycle_table`); one that
 //!     succeeded, its registration gone, is renewed in place instead when
@@ -340,9 +346,51 @@ pub struct Observed<'a> {
     /// place for a job waiting, when the plan asked ([`Need::Renewal`]):
     /// `Some(None)` for no.
     pub renewal: Option<Option<RenewalGrant>>,
+    /// Whether the runner may have a pod made, when the plan asked
+    /// ([`Need::Admission`]).
+    pub admission: Option<Admission>,
     /// Now.
     pub now: Timestamp,
 }
+
+/// Whether a runner about to have a pod made may have it.
+///
+/// A set builds its runners from a template the AutoscalingRunnerSet
+/// controller judged, and counts them against its `maxRunners`; an
+/// EphemeralRunner written by hand (or edited, or made by an
+/// EphemeralRunnerSet written by hand) has been through neither. So before
+/// each pod the runner's own template is judged by the pod-validation
+/// policy its spec names, and before its first registration the runner
+/// must be its set's (see `observe::admission`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Its set's, and its template accepted.
+    Admitted,
+    /// Refused for good: the runner fails, saying why.
+    Refused {
+        /// What was refused.
+        refusal: Refusal,
+        /// Why, for the status and the event.
+        message: String,
+    },
+    /// The policy cannot judge yet (it never loaded, or its ConfigMap's
+    /// first version has not come): nothing is made, and the runner is
+    /// looked at again.
+    Waiting(String),
+}
+
+/// What refused a runner its pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No EphemeralRunnerSet the API server holds owns it.
+    NotOwned,
+    /// The pod-validation policy refused its template.
+    PodRefused,
+}
+
+/// How soon a runner whose pod-validation policy cannot judge is looked at
+/// again.
+pub const ADMISSION_RETRY: Duration = Duration::from_secs(15);
 
 /// A renewal in place granted on the runner set's terms (see
 /// [`crate::backlog`]).
@@ -376,6 +424,13 @@ pub enum Need {
     /// Ask the runner's set whether a job waits for the runner, which just
     /// finished its job (see [`crate::backlog`]).
     Renewal,
+    /// Ask whether the runner may have a pod made ([`Admission`]):
+    /// `first`, before its first registration, when its set's ownership is
+    /// checked too.
+    Admission {
+        /// Whether the runner was never registered.
+        first: bool,
+    },
 }
 
 /// One thing to do.

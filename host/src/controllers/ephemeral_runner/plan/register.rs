@@ -1,9 +1,12 @@
-//! A runner without a pod: registered (once) and its pod created
-//! (`absent`, rule 11), or failed when the API server refuses the pod
-//! (`refused`, rule 3).
+//! A runner without a pod: admitted (`admitted`), registered (once) and
+//! its pod created (`absent`, rule 11), or failed when the API server
+//! refuses the pod (`refused`, rule 3).
 
 use super::delete::ensure_gone;
-use super::{Need, Pass, Plan, RegistrationRecord, Step, elapsed};
+use super::{
+    ADMISSION_RETRY, Admission, Need, Pass, Plan, Refusal, RegistrationRecord, Severity, Step,
+    elapsed,
+};
 use crate::api::EphemeralRunnerPhase;
 use crate::api::ephemeral_runner::{EventReason, PhaseReason, RunnerCondition};
 
@@ -34,6 +37,12 @@ pub(super) fn absent(pass: &mut Pass<'_>) -> Result<(), Need> {
             return Ok(());
         }
     }
+    let first = obs.secret.is_none()
+        && status.runner_id == 0
+        && status.is_true(RunnerCondition::Registered).is_none();
+    if !admitted(pass, first)? {
+        return Ok(());
+    }
     if obs.secret.is_none() {
         // The Secret of the job before a renewal, written over by the new
         // registration.
@@ -42,10 +51,9 @@ pub(super) fn absent(pass: &mut Pass<'_>) -> Result<(), Need> {
             .secret
             .as_ref()
             .filter(|s| s.renewal != status.renewals());
-        // Whether this is the runner's first registration is decided here,
-        // on the status as read: only a later one is written to the status
+        // Whether this is the runner's first registration is decided on
+        // the status as read: only a later one is written to the status
         // with it (see `Step::Register`).
-        let first = status.runner_id == 0 && status.is_true(RunnerCondition::Registered).is_none();
         // The pod in the same pass: registering records the registration
         // (Secret, then status) before it returns, and a pod that cannot be
         // created is retried from that record.
@@ -56,6 +64,37 @@ pub(super) fn absent(pass: &mut Pass<'_>) -> Result<(), Need> {
     }
     pass.step(Step::CreatePod);
     Ok(())
+}
+
+/// Whether the runner may go on to its registration and pod
+/// ([`Admission`]); if not, what it does instead is planned.
+fn admitted(pass: &mut Pass<'_>, first: bool) -> Result<bool, Need> {
+    match &pass.obs.admission {
+        None => Err(Need::Admission { first }),
+        Some(Admission::Admitted) => Ok(true),
+        Some(Admission::Refused { refusal, message }) => {
+            let (phase_reason, event) = match refusal {
+                Refusal::NotOwned => (PhaseReason::NotOwned, EventReason::NotOwned),
+                Refusal::PodRefused => (PhaseReason::PodRefused, EventReason::PodRefused),
+            };
+            pass.end_badly(
+                EphemeralRunnerPhase::Failed,
+                phase_reason,
+                event,
+                message.clone(),
+            );
+            Ok(false)
+        }
+        Some(Admission::Waiting(message)) => {
+            pass.event(
+                Severity::Warning,
+                EventReason::PodValidationUnavailable,
+                format!("{message}; no pod is made until it judges"),
+            );
+            pass.requeue_after(ADMISSION_RETRY);
+            Ok(false)
+        }
+    }
 }
 
 /// The API server refused the runner pod as invalid: the template makes a

@@ -402,3 +402,76 @@ fn what_a_young_pod_does_is_written_only_once_it_has_held() {
     let steps = describe(&exited_young.run().unwrap().steps);
     assert!(steps[0].starts_with("status phase=Succeeded"), "{steps:?}");
 }
+
+#[test]
+fn a_runner_is_admitted_before_its_pod() {
+    // Asked before the first registration, with the set's ownership to
+    // prove; before a later pod, only the template.
+    let unasked = case(Runner::new()).admission(None);
+    assert_eq!(unasked.run().unwrap_err(), Need::Admission { first: true });
+    let registered = case(Runner::new().registered(7)).secret(7).admission(None);
+    assert_eq!(
+        registered.run().unwrap_err(),
+        Need::Admission { first: false }
+    );
+    // A pod that runs is not asked about again.
+    let running = case(Runner::new().registered(7))
+        .secret(7)
+        .pod(pod(RunnerContainer::Running))
+        .admission(None);
+    assert!(running.run().is_ok());
+
+    // Refused: Failed, said in an event, and nothing registered or made.
+    for (refusal, reason, event) in [
+        (
+            Refusal::NotOwned,
+            PhaseReason::NotOwned,
+            EventReason::NotOwned,
+        ),
+        (
+            Refusal::PodRefused,
+            PhaseReason::PodRefused,
+            EventReason::PodRefused,
+        ),
+    ] {
+        let refused = case(Runner::new()).admission(Some(Admission::Refused {
+            refusal,
+            message: "why".into(),
+        }));
+        let steps = refused.steps();
+        assert!(
+            !kinds(&steps)
+                .iter()
+                .any(|k| ["register", "create-pod"].contains(k)),
+            "{steps:?}"
+        );
+        let status = status_of(&steps);
+        assert_eq!(status.phase, Some(Failed));
+        assert_eq!(status.reason, Some(Some(reason)));
+        assert_eq!(message_of(&steps).as_deref(), Some("why"));
+        assert_eq!(event_reasons(&steps), [event]);
+    }
+    // A registered runner refused a later pod ends like any Failed runner:
+    // its registration goes before anything else.
+    let steps = case(Runner::new().registered(7))
+        .secret(7)
+        .admission(Some(Admission::Refused {
+            refusal: Refusal::PodRefused,
+            message: "privileged".into(),
+        }))
+        .steps();
+    assert!(kinds(&steps).contains(&"deregister"), "{steps:?}");
+    assert!(!kinds(&steps).contains(&"create-pod"), "{steps:?}");
+
+    // The policy cannot judge: nothing made, said, looked at again.
+    let plan = case(Runner::new())
+        .admission(Some(Admission::Waiting("loading".into())))
+        .run()
+        .unwrap();
+    assert_eq!(kinds(&plan.steps), ["event"]);
+    assert_eq!(
+        event_reasons(&plan.steps),
+        [EventReason::PodValidationUnavailable]
+    );
+    assert_eq!(plan.requeue, Some(ADMISSION_RETRY));
+}

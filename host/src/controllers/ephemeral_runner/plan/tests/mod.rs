@@ -228,6 +228,7 @@ pub(super) struct Case {
     pub(super) hook_objects: Option<usize>,
     pub(super) refused_pod: Option<String>,
     pub(super) renewal: Option<Option<RenewalGrant>>,
+    pub(super) admission: Option<Admission>,
     pub(super) now: i64,
 }
 
@@ -248,6 +249,9 @@ pub(super) fn case(runner: Runner) -> Case {
         // Asked, and no job waits: what every case but those about a
         // renewal in place assumes.
         renewal: Some(None),
+        // Asked, and admitted: what every case but those about admission
+        // assumes.
+        admission: Some(Admission::Admitted),
         now: 10,
     }
 }
@@ -290,6 +294,11 @@ impl Case {
         self.renewal = renewal;
         self
     }
+    /// Whether the runner may have a pod made (`None`: not asked).
+    pub(super) fn admission(mut self, admission: Option<Admission>) -> Self {
+        self.admission = admission;
+        self
+    }
     pub(super) fn held(mut self, held: usize) -> Self {
         self.held = Some(held);
         self
@@ -323,6 +332,7 @@ impl Case {
             hook_objects: self.hook_objects,
             refused_pod: self.refused_pod.clone(),
             renewal: self.renewal.clone(),
+            admission: self.admission.clone(),
             now: at(self.now),
         };
         plan(&obs, &settings())
