@@ -52,6 +52,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use kube::Client;
+use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -461,10 +462,11 @@ impl Shared {
 }
 
 /// Builds the Kubernetes client the options describe: from `source`, its
-/// requests held to `rate` when there is one.
+/// requests held to `rate` when there is one, those that waited for it
+/// counted in `waited`.
 pub async fn client(
     source: &KubeSource,
-    rate: Option<rate_limit::Rate>,
+    rate: Option<(rate_limit::Rate, &Counter)>,
 ) -> Result<Client, RuntimeError> {
     // kube and the Actions client both use rustls with ring; install it as
     // the process default unless something already did.
@@ -488,8 +490,8 @@ pub async fn client(
     config.read_timeout = Some(crate::watch::READ_TIMEOUT);
     let builder = kube::client::ClientBuilder::try_from(config).map_err(RuntimeError::Client)?;
     Ok(match rate {
-        Some(rate) => builder
-            .with_layer(&rate_limit::RateLimitLayer::new(rate))
+        Some((rate, waited)) => builder
+            .with_layer(&rate_limit::RateLimitLayer::new(rate, waited.clone()))
             .build(),
         None => builder.build(),
     })
@@ -507,11 +509,20 @@ pub fn run(options: RunOptions) -> Result<(), RuntimeError> {
             let signal = shutdown_signal()?;
             let source = options.kube.source();
             let rate = options.kube.rate();
-            let kube = client(&source, rate).await?;
+            let waited = Counter::default();
+            let limited = rate.map(|rate| (rate, &waited));
+            let kube = client(&source, limited).await?;
             let mut shared = Shared::new(kube.clone(), &options)?;
             if rate.is_some() {
                 shared.coordination = client(&source, None).await?;
-                shared.reviews = client(&source, rate).await?;
+                shared.reviews = client(&source, limited).await?;
+                shared.metrics.register(|registry| {
+                    registry.register(
+                        "arcwright_kube_client_rate_limited",
+                        "API server requests that waited for a token of --kube-qps",
+                        waited.clone(),
+                    );
+                });
             }
             let address = options.http.listen_address;
             let listener = TcpListener::bind(address)

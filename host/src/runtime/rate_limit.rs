@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::time::{Instant, Sleep};
 use tower::{Layer, Service};
 
@@ -80,13 +81,17 @@ impl Bucket {
 #[derive(Clone, Debug)]
 pub struct RateLimitLayer {
     bucket: Arc<Bucket>,
+    waited: Counter,
 }
 
 impl RateLimitLayer {
-    /// A layer letting `rate` through.
-    pub fn new(rate: Rate) -> Self {
+    /// A layer letting `rate` through; `waited` counts the requests that
+    /// had to wait for a token (`arcwright_kube_client_rate_limited_total`),
+    /// so an operator sees the limit bite before the host falls behind.
+    pub fn new(rate: Rate, waited: Counter) -> Self {
         Self {
             bucket: Arc::new(Bucket::new(rate)),
+            waited,
         }
     }
 }
@@ -98,6 +103,7 @@ impl<S> Layer<S> for RateLimitLayer {
         RateLimited {
             inner,
             bucket: self.bucket.clone(),
+            waited: self.waited.clone(),
             waiting: None,
             holds_token: false,
         }
@@ -108,6 +114,7 @@ impl<S> Layer<S> for RateLimitLayer {
 pub struct RateLimited<S> {
     inner: S,
     bucket: Arc<Bucket>,
+    waited: Counter,
     waiting: Option<Pin<Box<Sleep>>>,
     /// A token was taken for the next call.
     holds_token: bool,
@@ -131,7 +138,10 @@ where
             }
             match self.bucket.take() {
                 Ok(()) => self.holds_token = true,
-                Err(wait) => self.waiting = Some(Box::pin(tokio::time::sleep(wait))),
+                Err(wait) => {
+                    self.waited.inc();
+                    self.waiting = Some(Box::pin(tokio::time::sleep(wait)));
+                }
             }
         }
         self.inner.poll_ready(cx)
@@ -167,15 +177,18 @@ mod tests {
             per_second: 10,
             burst: 5,
         };
-        let mut service = RateLimitLayer::new(rate).layer(tower::service_fn(|()| async {
-            Ok::<_, std::convert::Infallible>(Instant::now())
-        }));
+        let waited = Counter::default();
+        let mut service =
+            RateLimitLayer::new(rate, waited.clone()).layer(tower::service_fn(|()| async {
+                Ok::<_, std::convert::Infallible>(Instant::now())
+            }));
         let start = Instant::now();
         let mut sent = Vec::new();
         for _ in 0..25 {
             sent.push(service.ready().await.unwrap().call(()).await.unwrap() - start);
         }
         assert!(sent[..5].iter().all(|at| at.is_zero()), "{sent:?}");
+        assert_eq!(waited.get(), 20, "each past the burst waited once");
         // 20 after the burst at 10 a second: the last at 2 s.
         let last = sent[24];
         assert!(

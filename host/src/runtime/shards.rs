@@ -122,7 +122,7 @@ pub fn fair_share(count: u32, alive: usize) -> usize {
 
 /// How much `identity` prefers `shard` (higher first): a rendezvous hash,
 /// so replicas prefer different shards.
-fn preference(identity: &str, shard: u32) -> u64 {
+pub fn preference(identity: &str, shard: u32) -> u64 {
     u64::from(crate::sharding::shard_of(
         identity,
         &shard.to_string(),

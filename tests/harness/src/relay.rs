@@ -8,6 +8,12 @@
 //! connection would be the easy case: clients fail fast on it.) Restored,
 //! new connections are forwarded again; connections that were open while
 //! cut stay dead, as they would after a real partition.
+//!
+//! [`TcpRelay::delay_answers`] holds what the server sends back for a while
+//! before it is forwarded, every chunk by the same time, so answers come
+//! late but in order and at the server's pace (a slow link, or a server
+//! that does the work and answers late). Requests still go at once: the
+//! server acts on them when they are sent.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,6 +38,8 @@ struct State {
     /// Bytes forwarded from the server to its clients: what a client was
     /// sent, for tests of how much a watch costs on the wire.
     delivered: AtomicU64,
+    /// How long the server's answers are held, in milliseconds.
+    delay_ms: AtomicU64,
 }
 
 impl TcpRelay {
@@ -78,6 +86,13 @@ impl TcpRelay {
         self.state.cut.store(false, Ordering::SeqCst);
     }
 
+    /// Holds everything the server sends, on every connection, `delay`
+    /// before forwarding it, from now on (zero: none).
+    pub fn delay_answers(&self, delay: std::time::Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.state.delay_ms.store(ms, Ordering::SeqCst);
+    }
+
     /// Bytes that arrived while cut and were dropped.
     pub fn dropped(&self) -> u64 {
         self.state.dropped.load(Ordering::SeqCst)
@@ -115,6 +130,21 @@ async fn relay(client: TcpStream, server: TcpStream, state: Arc<State>) {
     let _ = tokio::join!(upstream, downstream);
 }
 
+/// Writes what it is given to `to`, each chunk no sooner than its time:
+/// the downstream side of a delayed connection, so a delay costs latency
+/// and not throughput.
+async fn deliver_late(
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut chunks: tokio::sync::mpsc::UnboundedReceiver<(tokio::time::Instant, Vec<u8>)>,
+) {
+    while let Some((at, chunk)) = chunks.recv().await {
+        tokio::time::sleep_until(at).await;
+        if to.write_all(&chunk).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Marks the direction whose forwarded bytes are counted in
 /// [`State::delivered`].
 struct Counted;
@@ -123,12 +153,16 @@ struct Counted;
 /// dropped, and the connection is never forwarded again.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
+    to: tokio::net::tcp::OwnedWriteHalf,
     state: Arc<State>,
     counted: Option<Counted>,
 ) {
     let mut buffer = [0u8; 16 * 1024];
     let mut dead = false;
+    // Answers go through a queue once a delay is asked for, and stay on it
+    // (in order) for the rest of the connection.
+    let mut late: Option<tokio::sync::mpsc::UnboundedSender<_>> = None;
+    let mut to = Some(to);
     loop {
         let read = match from.read(&mut buffer).await {
             Ok(0) | Err(_) => return,
@@ -139,7 +173,22 @@ async fn pump(
             state.dropped.fetch_add(read as u64, Ordering::SeqCst);
             continue;
         }
-        if to.write_all(&buffer[..read]).await.is_err() {
+        let delay = state.delay_ms.load(Ordering::SeqCst);
+        if counted.is_some() && late.is_none() && delay > 0 {
+            let (sender, chunks) = tokio::sync::mpsc::unbounded_channel();
+            if let Some(to) = to.take() {
+                tokio::spawn(deliver_late(to, chunks));
+            }
+            late = Some(sender);
+        }
+        if let Some(late) = &late {
+            let at = tokio::time::Instant::now() + std::time::Duration::from_millis(delay);
+            if late.send((at, buffer[..read].to_vec())).is_err() {
+                return;
+            }
+        } else if let Some(to) = to.as_mut()
+            && to.write_all(&buffer[..read]).await.is_err()
+        {
             return;
         }
         if counted.is_some() {
@@ -187,5 +236,37 @@ mod tests {
         let unanswered =
             tokio::time::timeout(Duration::from_millis(300), client.read(&mut answer)).await;
         assert!(unanswered.is_err(), "nothing comes back while cut");
+    }
+
+    #[tokio::test]
+    async fn delayed_answers_come_late_and_in_order() {
+        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream = echo.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = echo.accept().await {
+                tokio::spawn(async move {
+                    let mut buffer = [0u8; 64];
+                    while let Ok(n) = socket.read(&mut buffer).await {
+                        if n == 0 || socket.write_all(&buffer[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let relay = TcpRelay::start(upstream).await.unwrap();
+        let mut client = TcpStream::connect(relay.address()).await.unwrap();
+        relay.delay_answers(Duration::from_millis(400));
+        let sent = tokio::time::Instant::now();
+        client.write_all(b"one").await.unwrap();
+        client.write_all(b"two").await.unwrap();
+        let mut answer = [0u8; 6];
+        client.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"onetwo");
+        assert!(
+            sent.elapsed() >= Duration::from_millis(400),
+            "{:?}",
+            sent.elapsed()
+        );
     }
 }

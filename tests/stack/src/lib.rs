@@ -623,19 +623,27 @@ impl Stack {
     /// as many pods, and as many registrations in the fake.
     pub async fn settled_at(&self, count: usize) -> Result<()> {
         self.until(&format!("settled at {count} runners"), || async {
-            let runners = self.runners().list(&ListParams::default()).await.ok()?;
-            let pods = self.pods().list(&ListParams::default()).await.ok()?;
-            let registered = self.fake.control().ledger().still_registered;
-            let steady = runners.items.len() == count
+            self.is_settled_at(count).await.filter(|s| *s).map(drop)
+        })
+        .await
+    }
+
+    /// Whether exactly `count` runners exist now, none being deleted, with
+    /// as many pods and registrations; `None` if the API server did not
+    /// answer.
+    pub async fn is_settled_at(&self, count: usize) -> Option<bool> {
+        let runners = self.runners().list(&ListParams::default()).await.ok()?;
+        let pods = self.pods().list(&ListParams::default()).await.ok()?;
+        let registered = self.fake.control().ledger().still_registered;
+        Some(
+            runners.items.len() == count
                 && runners
                     .items
                     .iter()
                     .all(|r| r.metadata.deletion_timestamp.is_none())
                 && pods.items.len() == count
-                && registered == count as u64;
-            steady.then_some(())
-        })
-        .await
+                && registered == count as u64,
+        )
     }
 
     /// Checks the ledger invariant ([`ledger::check`]) against the runners

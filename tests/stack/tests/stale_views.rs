@@ -136,7 +136,9 @@ async fn no_earlier_view_of_a_runner_or_a_set_leads_to_a_harmful_step() {
                 asked += 1;
                 continue;
             }
-            Err(Need::RegistrationByName) => unreachable!("answered in the replay"),
+            Err(Need::RegistrationByName | Need::Admission { .. }) => {
+                unreachable!("answered in the replay")
+            }
         };
         replayed += 1;
         let version_label = format!(

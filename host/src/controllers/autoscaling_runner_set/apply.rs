@@ -166,17 +166,21 @@ async fn apply_step<L: ListenerControl, S: ActionsClientSource>(
             write_runner_proxy(&apis.secrets, set, &data).await?;
         }
         Step::PublishRunnerSet(publication) => {
-            publish_runner_set(&apis.runner_sets, set, &publication).await?;
+            let written = publish_runner_set(&apis.runner_sets, set, &publication).await;
+            context.wrote_runner_set(&namespace, &name, &written);
+            written?;
         }
         Step::PinRunnerSet => {
-            apis.runner_sets
+            let pinned = apis
+                .runner_sets
                 .patch(
                     &name,
                     &PatchParams::apply(FIELD_MANAGER),
                     &Patch::Merge(json!({"spec": {"replicas": 0, "patchID": 0}})),
                 )
-                .await
-                .map_err(kube_err("pinning the EphemeralRunnerSet"))?;
+                .await;
+            context.wrote_runner_set(&namespace, &name, &pinned);
+            pinned.map_err(kube_err("pinning the EphemeralRunnerSet"))?;
         }
         Step::DeleteRunner(runner) => ignore_not_found(
             apis.runners
@@ -185,13 +189,16 @@ async fn apply_step<L: ListenerControl, S: ActionsClientSource>(
                 .map(|_| ()),
         )
         .map_err(kube_err("deleting an idle runner"))?,
-        Step::DeleteRunnerSet => ignore_not_found(
-            apis.runner_sets
-                .delete(&name, &DeleteParams::default())
-                .await
-                .map(|_| ()),
-        )
-        .map_err(kube_err("deleting the EphemeralRunnerSet"))?,
+        Step::DeleteRunnerSet => {
+            context.known_runner_sets.forget(&namespace, &name);
+            ignore_not_found(
+                apis.runner_sets
+                    .delete(&name, &DeleteParams::default())
+                    .await
+                    .map(|_| ()),
+            )
+            .map_err(kube_err("deleting the EphemeralRunnerSet"))?
+        }
         Step::StopListener => context.listeners.stop(&namespace, &name).await,
         Step::StartListener(config) => context.listeners.ensure(*config).await?,
         Step::Publish(notice) => context.events.publish(&set.object_ref(&()), notice).await,
@@ -312,7 +319,7 @@ async fn publish_runner_set(
     runner_sets: &kube::Api<EphemeralRunnerSet>,
     set: &AutoscalingRunnerSet,
     publication: &RunnerSetPublication,
-) -> Result<(), Error> {
+) -> Result<EphemeralRunnerSet, Error> {
     let owner = OwnerReference {
         api_version: AutoscalingRunnerSet::api_version(&()).into_owned(),
         kind: AutoscalingRunnerSet::kind(&()).into_owned(),
@@ -346,8 +353,7 @@ async fn publish_runner_set(
             &Patch::Apply(&object),
         )
         .await
-        .map_err(kube_err("applying the EphemeralRunnerSet"))?;
-    Ok(())
+        .map_err(kube_err("applying the EphemeralRunnerSet"))
 }
 
 fn ignore_not_found(result: Result<(), kube::Error>) -> Result<(), kube::Error> {

@@ -162,6 +162,17 @@ pub struct Context<L, S> {
     /// namespace, or one for all), so a set can tell whether another holds
     /// the scale set it would adopt.
     stores: Mutex<Vec<reflector::Store<AutoscalingRunnerSet>>>,
+    /// The EphemeralRunnerSets as the watch of each scope last saw them:
+    /// a pass reads its runner set here rather than from the API server
+    /// when the copy shows at least what the controller itself last wrote
+    /// or read of it (`known_runner_sets`). Its writes are the only ones to
+    /// the runner set's spec a pass decides on; what others write (the
+    /// listener's replicas, the set controller's counts) only makes the
+    /// copy newer, and its delivery wakes the set again.
+    runner_set_stores: Mutex<Vec<reflector::Store<EphemeralRunnerSet>>>,
+    /// What the API server last said of each runner set, to this
+    /// controller ([`kit::expectations`]).
+    known_runner_sets: kit::expectations::Expectations,
     /// The scale sets this replica serves ([`crate::sharding`]).
     shards: Shards,
 }
@@ -190,6 +201,8 @@ impl<L: ListenerControl, S: ActionsClientSource> Context<L, S> {
             counts_changed: Mutex::default(),
             runner_cap: crate::controllers::kit::DEFAULT_RUNNER_CAP,
             stores: Mutex::default(),
+            runner_set_stores: Mutex::default(),
+            known_runner_sets: kit::expectations::Expectations::new(&Shards::single()),
             shards: Shards::single(),
         }
     }
@@ -197,6 +210,9 @@ impl<L: ListenerControl, S: ActionsClientSource> Context<L, S> {
     /// Serves only the scale sets of the shards `shards` holds (all of them
     /// unless told).
     pub fn with_shards(mut self, shards: Shards) -> Self {
+        // What was known is forgotten whenever the holdings change: a
+        // shard just taken may have been written by its former holder.
+        self.known_runner_sets = kit::expectations::Expectations::new(&shards);
         self.shards = shards;
         self
     }
@@ -226,6 +242,44 @@ impl<L: ListenerControl, S: ActionsClientSource> Context<L, S> {
 }
 
 impl<L, S> Context<L, S> {
+    /// The runner set `namespace/name` as a watch cache holds it, if the
+    /// copy shows at least what the API server last told this controller
+    /// of it; `None` when only a read can say.
+    fn cached_runner_set(&self, namespace: &str, name: &str) -> Option<Option<EphemeralRunnerSet>> {
+        let key = reflector::ObjectRef::new(name).within(namespace);
+        let stores = self
+            .runner_set_stores
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let cached = stores.iter().find_map(|store| store.get(&key));
+        self.known_runner_sets
+            .current(namespace, name, cached.as_ref().map(|c| &c.metadata))
+            .then(|| cached.map(|c| (*c).clone()))
+    }
+
+    /// Records what a read of the runner set `namespace/name` found
+    /// (`None`: nothing).
+    fn read_runner_set(&self, namespace: &str, name: &str, found: Option<&kube::api::ObjectMeta>) {
+        let known = kit::expectations::Known::read(found);
+        self.known_runner_sets.record(namespace, name, known);
+    }
+
+    /// Records the answer to a write of the runner set `namespace/name`;
+    /// a write that failed leaves its outcome unknown, so the next pass
+    /// reads.
+    fn wrote_runner_set<T>(
+        &self,
+        namespace: &str,
+        name: &str,
+        written: &Result<EphemeralRunnerSet, T>,
+    ) {
+        let known = written
+            .as_ref()
+            .ok()
+            .and_then(|set| kit::expectations::Known::of(&set.metadata));
+        self.known_runner_sets.record(namespace, name, known);
+    }
+
     /// The set, other than `uid`, that records the scale set `id` of the
     /// service behind `config_url` as its own, as `namespace/name`. Only the
     /// watched namespaces are known.
@@ -310,10 +364,18 @@ pub async fn run<L: ListenerControl, S: ActionsClientSource>(
         None => (Api::all(client.clone()), Api::all(client)),
     };
     let metrics = context.metrics.clone();
+    let (runner_set_reader, runner_set_writer) = reflector::store();
+    context
+        .runner_set_stores
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(runner_set_reader);
     let owned = watch::filtered(
         kit::relist::with_vanished(
             watcher::watcher(runner_sets, crate::watch::config())
-                .backoff(crate::watch::WatchBackoff::default()),
+                .backoff(crate::watch::WatchBackoff::default())
+                .modify(crate::watch::without_managed_fields)
+                .reflect(runner_set_writer),
         ),
         move |delivered| metrics.owned_update(CONTROLLER, delivered),
     );

@@ -85,11 +85,19 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
     ) -> Result<Self, Error> {
         let verdict = validate(&set, context).await?;
         let shadow_verdict = shadow_validate(&set, context).await;
-        let runner_set = apis
-            .runner_sets
-            .get_opt(&set.name_any())
-            .await
-            .map_err(kube_err("reading the EphemeralRunnerSet"))?;
+        let (namespace, name) = (set.namespace().unwrap_or_default(), set.name_any());
+        let runner_set = match context.cached_runner_set(&namespace, &name) {
+            Some(cached) => cached,
+            None => {
+                let read = apis
+                    .runner_sets
+                    .get_opt(&name)
+                    .await
+                    .map_err(kube_err("reading the EphemeralRunnerSet"))?;
+                context.read_runner_set(&namespace, &name, read.as_ref().map(|r| &r.metadata));
+                read
+            }
+        };
         let credentials_held = credentials_held(&set, apis).await?;
         let former_credentials = former_credentials(&set, apis).await?;
         let runner_proxy = runner_proxy(&set, apis).await?;

@@ -423,6 +423,9 @@ pub fn replay(
 ) -> Result<plan::Plan, Need> {
     let observed = Observed {
         registered_by_name,
+        // The runners replayed are their sets': what a stale view would
+        // make of them is the question, not whether they may have a pod.
+        admission: Some(Admission::Admitted),
         ..observed(
             runner,
             pod.filter(|p| owned_by(*p, runner)).map(pod_view),
