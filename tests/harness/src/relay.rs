@@ -202,8 +202,8 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    #[tokio::test]
-    async fn forwards_until_cut_then_drops_everything() {
+    /// A server that sends back what it is sent; its address.
+    async fn echo_server() -> SocketAddr {
         let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let upstream = echo.local_addr().unwrap();
         tokio::spawn(async move {
@@ -218,7 +218,12 @@ mod tests {
                 });
             }
         });
-        let relay = TcpRelay::start(upstream).await.unwrap();
+        upstream
+    }
+
+    #[tokio::test]
+    async fn forwards_until_cut_then_drops_everything() {
+        let relay = TcpRelay::start(echo_server().await).await.unwrap();
         let mut client = TcpStream::connect(relay.address()).await.unwrap();
         client.write_all(b"ping").await.unwrap();
         let mut answer = [0u8; 4];
@@ -240,21 +245,7 @@ mod tests {
 
     #[tokio::test]
     async fn delayed_answers_come_late_and_in_order() {
-        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let upstream = echo.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((mut socket, _)) = echo.accept().await {
-                tokio::spawn(async move {
-                    let mut buffer = [0u8; 64];
-                    while let Ok(n) = socket.read(&mut buffer).await {
-                        if n == 0 || socket.write_all(&buffer[..n]).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        let relay = TcpRelay::start(upstream).await.unwrap();
+        let relay = TcpRelay::start(echo_server().await).await.unwrap();
         let mut client = TcpStream::connect(relay.address()).await.unwrap();
         relay.delay_answers(Duration::from_millis(400));
         let sent = tokio::time::Instant::now();
