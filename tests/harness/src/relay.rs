@@ -40,6 +40,8 @@ struct State {
     delivered: AtomicU64,
     /// How long the server's answers are held, in milliseconds.
     delay_ms: AtomicU64,
+    /// Chunks of answers that were held by a delay.
+    held: AtomicU64,
 }
 
 impl TcpRelay {
@@ -91,6 +93,12 @@ impl TcpRelay {
     pub fn delay_answers(&self, delay: std::time::Duration) {
         let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
         self.state.delay_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// Chunks of the server's answers that were held by a delay: how
+    /// often [`TcpRelay::delay_answers`] struck.
+    pub fn held(&self) -> u64 {
+        self.state.held.load(Ordering::SeqCst)
     }
 
     /// Bytes that arrived while cut and were dropped.
@@ -181,6 +189,9 @@ async fn pump(
             }
             late = Some(sender);
         }
+        if counted.is_some() && delay > 0 {
+            state.held.fetch_add(1, Ordering::SeqCst);
+        }
         if let Some(late) = &late {
             let at = tokio::time::Instant::now() + std::time::Duration::from_millis(delay);
             if late.send((at, buffer[..read].to_vec())).is_err() {
@@ -259,5 +270,6 @@ mod tests {
             "{:?}",
             sent.elapsed()
         );
+        assert!(relay.held() > 0, "the delay held no answer");
     }
 }

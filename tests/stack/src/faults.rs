@@ -25,18 +25,27 @@
 //!   on a control plane of their own, with an audit log that counts the
 //!   409s and 429s the host was answered with (`hits`).
 //! - **the host is SIGKILLed** at a random point of the scale-up, the
-//!   scale-down, the spec change or the deletion, and started again.
+//!   scale-down, the spec change or the deletion, and started again; a
+//!   kill after its phase ended is no hit.
+//! - **leadership breaks** mid-burst: the leader is cut off from the API
+//!   server while a standby waits, or every answer it is sent comes later
+//!   than a third of the lease.
+//! - **the shards move** mid-burst: the replica serving the set is killed,
+//!   or a replica joins and takes the set's shard.
+//! - **the host's client is rate-limited** (`--kube-qps 5`) under the
+//!   burst, with its Lease renewals beside the burst's writes.
 //!
 //! After every run the invariants are counted, not asserted, so one table
 //! shows everything: registrations leaked (a registration no live runner
 //! owns after the burst, any registration left once the set is gone, or
 //! one the service removed only because its scale set went: the host
-//! never removed it),
-//! jobs cancelled because a pod went under them, runners that had two pods
-//! at once, and runs that did not converge (a phase that did not reach its
-//! state within [`PHASE_BOUND`] of the fault's end, or a job that did not
-//! complete). The
-//! matrix passes when all four are zero and every cell's fault struck.
+//! never removed it), jobs cancelled because a pod went under them,
+//! duplicates (runners that had two pods of one registration at once, and
+//! jobs a listener acquired after another replica's session for its scale
+//! set had begun: split brain), and runs that did not converge (a phase
+//! that did not reach its state within [`PHASE_BOUND`] of the fault's end,
+//! or a job that did not complete). The matrix passes when all four are
+//! zero and every cell's fault struck.
 //!
 //! Deliberately not here: faults in the runners' own endpoints (a runner
 //! mid-job is not the host's to save), the App-installation endpoint (the
@@ -51,14 +60,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use arcwright::api::EphemeralRunner;
-use fake_actions::{Endpoint, Fault, FaultKind};
+use fake_actions::{Endpoint, Fault, FaultKind, SessionHistory};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Resource as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use crate::{RUNNER_ENDPOINTS, ScaleSet, Stack, StackConfig, identity};
+use crate::{HostProcess, RUNNER_ENDPOINTS, ScaleSet, Stack, StackConfig, identity};
 
 /// The set every run creates.
 const SET: &str = "faults";
@@ -196,6 +206,92 @@ impl Phase {
     }
 }
 
+/// How leadership is broken in a cell: the host leads with
+/// `--leader-elect --lease-duration 6s`, its API server traffic through a
+/// relay, and a standby replica reaches the API server directly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ElectionFault {
+    /// The leader is cut off from the API server mid-burst (a partition:
+    /// requests hang), while the Actions service stays reachable; the
+    /// standby must lead once the Lease has gone unrenewed, and the old
+    /// leader must have stopped taking jobs before then.
+    CutOff,
+    /// Every answer the leader is sent comes [`RENEW_LATE`] late through
+    /// the burst, over a third of the lease: renewals are acknowledged
+    /// late, so the leader may step down, and must do so before the
+    /// standby can lead.
+    RenewLate,
+}
+
+impl ElectionFault {
+    /// Every kind, in table order.
+    pub const ALL: [ElectionFault; 2] = [ElectionFault::CutOff, ElectionFault::RenewLate];
+
+    fn name(self) -> &'static str {
+        match self {
+            ElectionFault::CutOff => "leader cut off mid-burst",
+            ElectionFault::RenewLate => "answers 3 s late (lease 6 s)",
+        }
+    }
+}
+
+/// How the split of the fleet changes in a cell: the host runs with
+/// `--shards 2 --lease-duration 6s`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ShardFault {
+    /// Two replicas hold a shard each; the one serving the set is SIGKILLed
+    /// mid-burst, and the survivor takes its shard once the Lease expires.
+    ReplicaKilled,
+    /// The host holds both shards; a replica joins mid-burst and takes the
+    /// shard the host lets go, which is the set's.
+    ReplicaAdded,
+}
+
+impl ShardFault {
+    /// Every kind, in table order.
+    pub const ALL: [ShardFault; 2] = [ShardFault::ReplicaKilled, ShardFault::ReplicaAdded];
+
+    fn name(self) -> &'static str {
+        match self {
+            ShardFault::ReplicaKilled => "set's replica killed mid-burst",
+            ShardFault::ReplicaAdded => "a replica added mid-burst",
+        }
+    }
+}
+
+/// How the host's own client is held back in a cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum HostFault {
+    /// `--kube-qps 5`: the burst's writes wait for the client's limiter,
+    /// and Lease renewals must not wait behind them.
+    RateLimited,
+}
+
+impl HostFault {
+    /// Every kind, in table order.
+    pub const ALL: [HostFault; 1] = [HostFault::RateLimited];
+
+    fn name(self) -> &'static str {
+        match self {
+            HostFault::RateLimited => "--kube-qps 5 under the burst",
+        }
+    }
+}
+
+/// The lease of the election and shard cells: short, so that a hand-over
+/// costs seconds.
+const LEASE: &str = "6s";
+
+/// How late every answer comes in [`ElectionFault::RenewLate`]: more than
+/// a third of [`LEASE`], the period at which a holder renews.
+const RENEW_LATE: Duration = Duration::from_secs(3);
+
+/// The standby or second replica's name (its sessions' owner).
+const REPLICA: &str = "replica";
+
+/// The shards of the shard cells.
+const SHARDS: u32 = 2;
+
 /// The host's endpoints this lifecycle never calls, so a fault armed on
 /// them never strikes: `get-runner-group-by-name` (the set names no runner
 /// group), `update-scale-set` (no label or group changes), `get-runner` and
@@ -220,12 +316,18 @@ pub enum Cell {
     ApiServer(ApiServerFault),
     /// The host is SIGKILLed.
     Kill(Phase),
+    /// Leadership is broken.
+    Election(ElectionFault),
+    /// The split of the fleet changes.
+    Shards(ShardFault),
+    /// The host's own client is held back.
+    Host(HostFault),
 }
 
 impl Cell {
     /// Every cell of the matrix: each Actions endpoint the host calls in
     /// the lifecycle with each fault, the API server's four, a kill in each
-    /// phase.
+    /// phase, the elections', the shards' and the rate-limited host.
     pub fn all() -> Vec<Cell> {
         let endpoints = Endpoint::ALL.into_iter().filter(|e| {
             !RUNNER_ENDPOINTS.contains(e)
@@ -237,6 +339,9 @@ impl Cell {
             .collect();
         cells.extend(ApiServerFault::ALL.map(Cell::ApiServer));
         cells.extend(Phase::ALL.map(Cell::Kill));
+        cells.extend(ElectionFault::ALL.map(Cell::Election));
+        cells.extend(ShardFault::ALL.map(Cell::Shards));
+        cells.extend(HostFault::ALL.map(Cell::Host));
         cells
     }
 
@@ -246,6 +351,9 @@ impl Cell {
             Cell::Actions(endpoint, fault) => (format!("actions {endpoint}"), fault.name().into()),
             Cell::ApiServer(fault) => ("api server".into(), fault.name().into()),
             Cell::Kill(phase) => ("host SIGKILL".into(), phase.name().into()),
+            Cell::Election(fault) => ("leader election".into(), fault.name().into()),
+            Cell::Shards(fault) => ("shards".into(), fault.name().into()),
+            Cell::Host(fault) => ("host".into(), fault.name().into()),
         }
     }
 
@@ -273,6 +381,11 @@ pub struct MatrixOptions {
     pub exclude: Vec<Cell>,
     /// The seed of the kill points; each run's is derived from it.
     pub seed: u64,
+    /// The share of each phase's kill window a kill may land in: small in
+    /// the quick form, so its one kill lands while the phase is still
+    /// under way; the whole window in the full form, where a kill after
+    /// the phase ended is run but not counted as a hit.
+    pub kill_window: f64,
     /// The `arcwright` binary; the stack's default when `None`.
     pub binary: Option<PathBuf>,
 }
@@ -288,6 +401,7 @@ impl MatrixOptions {
             filter: None,
             exclude: Vec::new(),
             seed: 1,
+            kill_window: 0.05,
             binary: None,
         }
     }
@@ -299,6 +413,7 @@ impl MatrixOptions {
             runs: 3,
             kills: 20,
             times: 3,
+            kill_window: 1.0,
             ..MatrixOptions::quick()
         }
     }
@@ -473,9 +588,9 @@ pub async fn run(options: &MatrixOptions, progress: &dyn Fn(&str)) -> Result<Vec
             let cell = cells[i];
             let seed = options.seed ^ ((i as u64) << 32) ^ u64::from(n);
             let binary = binary.clone();
-            let times = options.times;
+            let (times, kill_window) = (options.times, options.kill_window);
             running.spawn(async move {
-                let outcome = run_once(cell, times, seed, binary).await;
+                let outcome = run_once(cell, times, kill_window, seed, binary).await;
                 (i, n, outcome)
             });
         }
@@ -525,7 +640,13 @@ fn verdict(outcome: &RunOutcome) -> String {
 }
 
 /// One run of `cell`'s lifecycle on a stack of its own.
-async fn run_once(cell: Cell, times: u32, seed: u64, binary: PathBuf) -> Result<RunOutcome> {
+async fn run_once(
+    cell: Cell,
+    times: u32,
+    kill_window: f64,
+    seed: u64,
+    binary: PathBuf,
+) -> Result<RunOutcome> {
     let mut config = StackConfig::new("faults");
     config.binary = Some(binary);
     config.fake.long_poll = Duration::from_secs(1);
@@ -545,6 +666,14 @@ async fn run_once(cell: Cell, times: u32, seed: u64, binary: PathBuf) -> Result<
     ]
     .map(str::to_owned)
     .to_vec();
+    let extra: &[&str] = match cell {
+        Cell::Election(_) => &["--leader-elect", "--lease-duration", LEASE],
+        Cell::Shards(_) => &["--shards", "2", "--lease-duration", LEASE],
+        Cell::Host(HostFault::RateLimited) => &["--kube-qps", "5"],
+        _ => &[],
+    };
+    config.host_args.extend(extra.iter().map(|a| a.to_string()));
+    config.host_relay = matches!(cell, Cell::Election(_));
     if let Cell::ApiServer(fault) = cell {
         config.audit = true;
         if fault == ApiServerFault::Throttled {
@@ -559,11 +688,16 @@ async fn run_once(cell: Cell, times: u32, seed: u64, binary: PathBuf) -> Result<
     let mut run = Run {
         rng: rand::rngs::StdRng::seed_from_u64(seed),
         outcome: RunOutcome::default(),
+        kill_window,
+        set: SET.to_owned(),
+        replica: None,
     };
+    run.arrange(&stack, cell).await?;
     let started = Instant::now();
     let from = jiff::Timestamp::now();
     let pods = watch_duplicate_pods(&stack);
-    let writer = (cell == Cell::ApiServer(ApiServerFault::Conflicts)).then(|| touch_all(&stack));
+    let writer = (cell == Cell::ApiServer(ApiServerFault::Conflicts))
+        .then(|| touch_all(&stack, run.set.clone()));
     if cell == Cell::ApiServer(ApiServerFault::Throttled) {
         throttle_host(&stack).await?;
     }
@@ -578,7 +712,8 @@ async fn run_once(cell: Cell, times: u32, seed: u64, binary: PathBuf) -> Result<
         writer.abort();
     }
     pods.abort();
-    run.outcome.duplicates = pods_seen_twice(&pods);
+    let history = stack.fake().control().session_history();
+    run.outcome.duplicates = pods_seen_twice(&pods) + split_brain(&history);
     run.outcome.watch_gaps = pods.gaps();
     run.outcome.took = started.elapsed();
     if let Err(error) = lifecycle {
@@ -606,7 +741,16 @@ async fn run_once(cell: Cell, times: u32, seed: u64, binary: PathBuf) -> Result<
                 .and_then(|r| r.by_status.get(&code).copied())
                 .unwrap_or(0);
         }
-        Cell::ApiServer(_) | Cell::Kill(_) => {}
+        Cell::Election(ElectionFault::RenewLate) => {
+            run.outcome.hits = stack.host_relay().map_or(0, |r| r.held());
+        }
+        Cell::Host(HostFault::RateLimited) => {
+            run.outcome.hits = match stack.host() {
+                Some(host) => rate_limited(host.base()).await.unwrap_or(0),
+                None => 0,
+            };
+        }
+        Cell::ApiServer(_) | Cell::Kill(_) | Cell::Election(_) | Cell::Shards(_) => {}
     }
     // The stack's directory goes with it; the host's log is what tells why
     // a run did not converge (or, with KEEP_LOGS set, how any run went), so
@@ -640,76 +784,116 @@ fn progress_note(outcome: &mut RunOutcome, kept: &std::path::Path) {
 struct Run {
     rng: rand::rngs::StdRng,
     outcome: RunOutcome,
+    /// See [`MatrixOptions::kill_window`].
+    kill_window: f64,
+    /// The set's name: [`SET`], or in the shard cells a name chosen for
+    /// the shard the fault moves.
+    set: String,
+    /// The standby or second replica of the election and shard cells.
+    replica: Option<HostProcess>,
 }
 
 impl Run {
+    /// What a cell needs before the lifecycle: the standby, the replicas
+    /// and their split, and the set's name in the shard that will move.
+    async fn arrange(&mut self, stack: &Stack, cell: Cell) -> Result<()> {
+        match cell {
+            Cell::Election(_) => {
+                stack
+                    .until("the host leads", || async {
+                        let holder = lease_holder(stack, LEADER_LEASE).await?;
+                        holder.starts_with("arcwright-1-").then_some(())
+                    })
+                    .await?;
+                self.replica = Some(stack.start_replica(REPLICA).await?);
+            }
+            Cell::Shards(ShardFault::ReplicaKilled) => {
+                self.replica = Some(stack.start_replica(REPLICA).await?);
+                let holders = stack
+                    .until("a shard for each replica", || async {
+                        let holders = shard_holders(stack).await?;
+                        let replica = holders.iter().position(|h| owner_of(h) == REPLICA)?;
+                        let host = holders.iter().position(|h| owner_of(h) != REPLICA)?;
+                        Some((replica, host))
+                    })
+                    .await?;
+                self.set = set_in_shard(stack.namespace(), holders.0 as u32);
+            }
+            Cell::Shards(ShardFault::ReplicaAdded) => {
+                let host = stack
+                    .until("the host holds both shards", || async {
+                        let holders = shard_holders(stack).await?;
+                        let first = holders.first()?.clone();
+                        holders.iter().all(|h| *h == first).then_some(first)
+                    })
+                    .await?;
+                // The host lets go the shards it prefers least once a
+                // replica joins (`runtime::shards::plan`).
+                let let_go = (0..SHARDS)
+                    .min_by_key(|&shard| arcwright::runtime::shards::preference(&host, shard))
+                    .unwrap_or(0);
+                self.set = set_in_shard(stack.namespace(), let_go);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// The lifecycle, with the cell's fault at its point. Leaks and lost
     /// jobs are counted on the way; an error is a phase that did not
     /// converge.
     async fn lifecycle(&mut self, stack: &mut Stack, cell: Cell) -> Result<()> {
+        let set = self.set.clone();
         stack.set_bound(PHASE_BOUND);
-        stack.create_scale_set(&ScaleSet::new(SET, 1, 3)).await?;
-        stack.listening(SET).await?;
+        stack.create_scale_set(&ScaleSet::new(&set, 1, 3)).await?;
+        stack.listening(&set).await?;
 
         // The burst.
-        stack.enqueue(SET, BURST, JOB);
+        stack.enqueue(&set, BURST, JOB);
         let mut down = Duration::ZERO;
         match cell {
-            Cell::Kill(Phase::ScaleUp) => self.kill_within(stack, 3000).await?,
+            Cell::Kill(Phase::ScaleUp) => self.kill_within(stack, Phase::ScaleUp, 3000).await?,
             Cell::ApiServer(ApiServerFault::Restart) => down = Duration::from_secs(2),
             Cell::ApiServer(ApiServerFault::Outage) => down = Duration::from_secs(30),
+            Cell::Election(fault) => self.break_leadership(stack, fault).await?,
+            Cell::Shards(fault) => self.move_the_set(stack, fault).await?,
             _ => {}
         }
         if !down.is_zero() {
             self.apiserver_down_within(stack, 2000, down).await?;
         }
         stack.jobs_succeeded(u64::from(BURST)).await?;
+        if let Some(relay) = stack.host_relay() {
+            relay.delay_answers(Duration::ZERO);
+        }
         if cell == Cell::Kill(Phase::ScaleDown) {
-            self.kill_within(stack, 2000).await?;
+            self.kill_within(stack, Phase::ScaleDown, 2000).await?;
         }
         stack.settled_at(1).await?;
         self.count_leaks(stack).await?;
 
         // The spec change: the warm runner is replaced by one on the new
         // image.
-        stack.set_image(SET, NEXT_IMAGE).await?;
+        stack.set_image(&set, NEXT_IMAGE).await?;
         if cell == Cell::Kill(Phase::SpecChange) {
-            self.kill_within(stack, 2000).await?;
+            self.kill_within(stack, Phase::SpecChange, 2000).await?;
         }
         stack
             .until("the warm runner runs the new image", || async {
-                let pods = stack.pods().list(&ListParams::default()).await.ok()?;
-                let replaced = pods.items.len() == 1
-                    && pods.items.iter().all(|p| {
-                        p.metadata.deletion_timestamp.is_none()
-                            && p.spec.as_ref().is_some_and(|s| {
-                                s.containers
-                                    .iter()
-                                    .all(|c| c.image.as_deref() == Some(NEXT_IMAGE))
-                            })
-                    });
-                replaced.then_some(())
+                replaced(stack).await?.then_some(())
             })
             .await?;
         stack.settled_at(1).await?;
         self.count_leaks(stack).await?;
 
         // The deletion: everything goes, in the cluster and in the service.
-        stack.delete_scale_set(SET).await?;
+        stack.delete_scale_set(&set).await?;
         if cell == Cell::Kill(Phase::Deletion) {
-            self.kill_within(stack, 2000).await?;
+            self.kill_within(stack, Phase::Deletion, 2000).await?;
         }
         stack
             .until("the scale set and everything it made are gone", || async {
-                let set = stack.scale_sets().get_opt(SET).await.ok()?;
-                let runners = stack.runners().list(&ListParams::default()).await.ok()?;
-                let pods = stack.pods().list(&ListParams::default()).await.ok()?;
-                let service = stack.fake().control().scale_sets();
-                (set.is_none()
-                    && runners.items.is_empty()
-                    && pods.items.is_empty()
-                    && service.is_empty())
-                .then_some(())
+                gone(stack, &set).await?.then_some(())
             })
             .await?;
         // Left registered, or removed by the service only because their
@@ -726,6 +910,84 @@ impl Run {
             );
         }
         Ok(())
+    }
+
+    /// Whether `phase` is still under way: a kill after its end proves
+    /// nothing about it.
+    async fn under_way(&self, stack: &Stack, phase: Phase) -> bool {
+        match phase {
+            Phase::ScaleUp => burst_under_way(stack),
+            Phase::ScaleDown => stack.is_settled_at(1).await == Some(false),
+            Phase::SpecChange => replaced(stack).await == Some(false),
+            Phase::Deletion => gone(stack, &self.set).await == Some(false),
+        }
+    }
+
+    /// Breaks the leadership mid-burst; the standby must then lead and
+    /// serve the set.
+    async fn break_leadership(&mut self, stack: &Stack, fault: ElectionFault) -> Result<()> {
+        let relay = stack
+            .host_relay()
+            .context("an election cell relays the host's traffic")?;
+        self.sleep_within(2000).await;
+        match fault {
+            ElectionFault::CutOff => {
+                if !burst_under_way(stack) {
+                    return Ok(());
+                }
+                relay.cut();
+                stack
+                    .until("the standby leads and serves the set", || async {
+                        let holder = lease_holder(stack, LEADER_LEASE).await?;
+                        (owner_of(&holder) == REPLICA && served_by(stack, &self.set, REPLICA))
+                            .then_some(())
+                    })
+                    .await?;
+                self.outcome.hits += 1;
+            }
+            // The answers stay late until the burst is done; the hits are
+            // the answers held.
+            ElectionFault::RenewLate => relay.delay_answers(RENEW_LATE),
+        }
+        Ok(())
+    }
+
+    /// Moves the set's shard mid-burst: kills the replica serving it, or
+    /// adds one that takes it; the other must then serve the set.
+    async fn move_the_set(&mut self, stack: &Stack, fault: ShardFault) -> Result<()> {
+        self.sleep_within(2000).await;
+        let to = match fault {
+            ShardFault::ReplicaKilled => {
+                let replica = self.replica.take().context("the replica runs")?;
+                let struck = burst_under_way(stack);
+                replica.kill();
+                if !struck {
+                    return Ok(());
+                }
+                "arcwright-1"
+            }
+            ShardFault::ReplicaAdded => {
+                if !burst_under_way(stack) {
+                    return Ok(());
+                }
+                self.replica = Some(stack.start_replica(REPLICA).await?);
+                REPLICA
+            }
+        };
+        stack
+            .until(&format!("the set served by {to}"), || async {
+                served_by(stack, &self.set, to).then_some(())
+            })
+            .await?;
+        self.outcome.hits += 1;
+        Ok(())
+    }
+
+    /// Sleeps a random share of `within_ms`, scaled by the kill window.
+    async fn sleep_within(&mut self, within_ms: u64) {
+        let window = ((within_ms as f64) * self.kill_window).max(1.0) as u64;
+        let wait = self.rng.random_range(0..window);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
     }
 
     /// Registrations no live runner owns, now; the most seen is kept.
@@ -748,15 +1010,17 @@ impl Run {
         Ok(())
     }
 
-    /// Kills the host at a random point in the next `within_ms`, and starts
-    /// another. The killed listener's message session is left as a crash
-    /// leaves it: the new host meets it and waits until the service expires
-    /// it (10 s in these runs), as it would after a real crash.
-    async fn kill_within(&mut self, stack: &mut Stack, within_ms: u64) -> Result<()> {
-        let wait = self.rng.random_range(0..within_ms);
-        tokio::time::sleep(Duration::from_millis(wait)).await;
+    /// Kills the host at a random point in the next `within_ms` (scaled by
+    /// the kill window), and starts another; a hit only if `phase` was
+    /// still under way. The killed listener's message session is left as
+    /// a crash leaves it: the new host meets it and waits until the
+    /// service expires it (10 s in these runs), as it would after a real
+    /// crash.
+    async fn kill_within(&mut self, stack: &mut Stack, phase: Phase, within_ms: u64) -> Result<()> {
+        self.sleep_within(within_ms).await;
+        let struck = self.under_way(stack, phase).await;
         stack.kill_host();
-        self.outcome.hits += 1;
+        self.outcome.hits += u64::from(struck);
         stack.start_host().await
     }
 
@@ -781,6 +1045,136 @@ impl Run {
         plane.start_apiserver().await?;
         Ok(())
     }
+}
+
+/// The leader's Lease (the host's default `--leader-election-lease`).
+const LEADER_LEASE: &str = "arcwright-controller";
+
+/// The holder of the Lease `name` in the stack's namespace.
+async fn lease_holder(stack: &Stack, name: &str) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(stack.client(), stack.namespace());
+    leases.get_opt(name).await.ok()??.spec?.holder_identity
+}
+
+/// Each shard's holder, in shard order; `None` until every shard has one.
+async fn shard_holders(stack: &Stack) -> Option<Vec<String>> {
+    let mut holders = Vec::new();
+    for shard in 0..SHARDS {
+        let lease = arcwright::runtime::shards::shard_lease(shard);
+        holders.push(lease_holder(stack, &lease).await?);
+    }
+    Some(holders)
+}
+
+/// The replica an identity names: the identity is the replica's
+/// `HOSTNAME` (its sessions' owner), a dash and eight hex digits.
+fn owner_of(identity: &str) -> &str {
+    identity
+        .rsplit_once('-')
+        .map_or(identity, |(owner, _)| owner)
+}
+
+/// A set name in `shard` of the stack's namespace.
+fn set_in_shard(namespace: &str, shard: u32) -> String {
+    (0u32..)
+        .map(|n| format!("{SET}-{n}"))
+        .find(|name| arcwright::sharding::shard_of(namespace, name, SHARDS) == shard)
+        .unwrap_or_else(|| SET.to_owned())
+}
+
+/// Whether the one live message session of the scale set `set` is
+/// `owner`'s.
+fn served_by(stack: &Stack, set: &str, owner: &str) -> bool {
+    let control = stack.fake().control();
+    let Some(id) = control.scale_sets().into_iter().find(|s| s.name == set) else {
+        return false;
+    };
+    let history = control.session_history();
+    let live: Vec<_> = history
+        .of_scale_set(id.id)
+        .filter(|s| s.ended.is_none())
+        .collect();
+    live.len() == 1 && live[0].owner == owner
+}
+
+/// Whether the burst's jobs are not all done yet.
+fn burst_under_way(stack: &Stack) -> bool {
+    stack.fake().control().ledger().jobs_succeeded < u64::from(BURST)
+}
+
+/// Whether the set's one pod runs the new image and nothing else is left;
+/// `None` if the API server did not answer.
+async fn replaced(stack: &Stack) -> Option<bool> {
+    let pods = stack.pods().list(&ListParams::default()).await.ok()?;
+    Some(
+        pods.items.len() == 1
+            && pods.items.iter().all(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.spec.as_ref().is_some_and(|s| {
+                        s.containers
+                            .iter()
+                            .all(|c| c.image.as_deref() == Some(NEXT_IMAGE))
+                    })
+            }),
+    )
+}
+
+/// Whether the scale set and everything it made are gone, in the cluster
+/// and in the service; `None` if the API server did not answer.
+async fn gone(stack: &Stack, set: &str) -> Option<bool> {
+    let scale_set = stack.scale_sets().get_opt(set).await.ok()?;
+    let runners = stack.runners().list(&ListParams::default()).await.ok()?;
+    let pods = stack.pods().list(&ListParams::default()).await.ok()?;
+    let service = stack.fake().control().scale_sets();
+    Some(
+        scale_set.is_none()
+            && runners.items.is_empty()
+            && pods.items.is_empty()
+            && service.is_empty(),
+    )
+}
+
+/// Jobs acquired by a listener after another replica's session for the
+/// same scale set had begun: two holders acting at once, which elections
+/// and shard Leases exist to prevent. (The session of a host restarted
+/// after a kill has another owner too, but a killed host acquires
+/// nothing.)
+fn split_brain(history: &SessionHistory) -> u64 {
+    history
+        .acquisitions
+        .iter()
+        .filter(|acquisition| {
+            let Some(session) = history.session(&acquisition.session) else {
+                return false;
+            };
+            history.of_scale_set(session.scale_set_id).any(|successor| {
+                successor.owner != session.owner
+                    && successor.created > session.created
+                    && successor.created <= acquisition.at
+            })
+        })
+        .map(|acquisition| acquisition.jobs.len() as u64)
+        .sum()
+}
+
+/// The host's `arcwright_kube_client_rate_limited_total`: requests its
+/// `--kube-qps` held back.
+async fn rate_limited(base: &str) -> Result<u64> {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await?
+        .error_for_status()?
+        .text()
+        .await?;
+    text.lines()
+        .find_map(|line| {
+            let mut words = line.split_whitespace();
+            let name = words.next()?;
+            let metric = name.split('{').next()?;
+            (metric == "arcwright_kube_client_rate_limited_total")
+                .then(|| words.next()?.parse::<f64>().ok())?
+        })
+        .map(|v| v as u64)
+        .context("no arcwright_kube_client_rate_limited_total on /metrics")
 }
 
 /// Watches, in the background, for a runner with two pods of one
@@ -907,7 +1301,7 @@ fn pods_seen_twice(watch: &PodWatch) -> u64 {
 /// A concurrent writer: every runner, runner set and scale set gets a new
 /// annotation ten times a second, so every write the host sends with a
 /// resourceVersion it read a moment ago can meet a 409.
-fn touch_all(stack: &Stack) -> tokio::task::JoinHandle<()> {
+fn touch_all(stack: &Stack, set: String) -> tokio::task::JoinHandle<()> {
     let runners = stack.runners();
     let runner_sets = stack.runner_sets();
     let scale_sets = stack.scale_sets();
@@ -928,7 +1322,7 @@ fn touch_all(stack: &Stack) -> tokio::task::JoinHandle<()> {
                     let _ = runner_sets.patch(name, &params, &patch).await;
                 }
             }
-            let _ = scale_sets.patch(SET, &params, &patch).await;
+            let _ = scale_sets.patch(&set, &params, &patch).await;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     })
@@ -1001,7 +1395,10 @@ mod tests {
     #[test]
     fn the_matrix_has_every_host_endpoint_with_every_fault_and_each_phase() {
         let cells = Cell::all();
-        assert_eq!(cells.len(), (18 - UNCALLED.len()) * 5 + 4 + 4);
+        assert_eq!(cells.len(), (18 - UNCALLED.len()) * 5 + 4 + 4 + 2 + 2 + 1);
+        assert!(cells.contains(&Cell::Election(ElectionFault::RenewLate)));
+        assert!(cells.contains(&Cell::Shards(ShardFault::ReplicaAdded)));
+        assert!(Cell::Host(HostFault::RateLimited).matches("kube-qps"));
         assert!(cells.contains(&Cell::Actions(
             Endpoint::GenerateJitConfig,
             ActionsFault::Truncated
@@ -1044,6 +1441,58 @@ mod tests {
             pod("c-1", "c", Some("2"), false),
         ];
         assert_eq!(registrations_seen_twice(&pods), ["a"]);
+    }
+
+    #[test]
+    fn jobs_a_holder_acquired_after_its_successor_began_are_split_brain() {
+        use fake_actions::{Acquisition, SessionRecord};
+        use std::time::UNIX_EPOCH;
+        let at = |s: u64| UNIX_EPOCH + Duration::from_secs(s);
+        let session = |id: &str, set: u64, owner: &str, created: u64| SessionRecord {
+            id: id.into(),
+            scale_set_id: set,
+            owner: owner.into(),
+            created: at(created),
+            polls: 0,
+            last_poll: None,
+            ended: None,
+        };
+        let acquired = |s: u64, session: &str, jobs: Vec<u64>| Acquisition {
+            at: at(s),
+            session: session.into(),
+            jobs,
+        };
+        let history = SessionHistory {
+            sessions: vec![
+                session("old", 1, "arcwright-1", 10),
+                session("new", 1, "replica", 20),
+                session("other-set", 2, "replica", 5),
+            ],
+            conflicts: Vec::new(),
+            acquisitions: vec![
+                // Before its successor began: the old holder's to take.
+                acquired(15, "old", vec![1]),
+                // After: two holders at once.
+                acquired(21, "old", vec![2, 3]),
+                // The successor's own, and another set's.
+                acquired(22, "new", vec![4]),
+                acquired(23, "other-set", vec![5]),
+            ],
+        };
+        assert_eq!(split_brain(&history), 2);
+    }
+
+    #[test]
+    fn a_set_is_named_into_the_shard_asked_for() {
+        for shard in 0..SHARDS {
+            let name = set_in_shard("faults-ns", shard);
+            assert_eq!(
+                arcwright::sharding::shard_of("faults-ns", &name, SHARDS),
+                shard
+            );
+        }
+        assert_eq!(owner_of("arcwright-1-0badcafe"), "arcwright-1");
+        assert_eq!(owner_of("replica-12345678"), "replica");
     }
 
     #[test]
