@@ -96,24 +96,26 @@ async fn apply_step<L: ListenerControl, S: ActionsClientSource>(
             context.actions.forget(&super::github_target(set));
         }
         Step::HoldCredentials => {
-            credentials_hold::hold(&context.client, &namespace, &set.spec.github_config_secret)
+            let secret = &set.spec.github_config_secret;
+            credentials_hold::hold(&context.client, &namespace, secret)
                 .await
                 .map_err(kube_err("holding the credentials Secret"))?;
+            context.held_credentials.saw(&namespace, secret, true);
         }
         Step::ReleaseCredentials => {
-            credentials_hold::release(
-                &context.client,
-                &namespace,
-                &set.spec.github_config_secret,
-                set,
-            )
-            .await
-            .map_err(kube_err("releasing the credentials Secret"))?;
+            let secret = &set.spec.github_config_secret;
+            let released = credentials_hold::release(&context.client, &namespace, secret, set)
+                .await
+                .map_err(kube_err("releasing the credentials Secret"))?;
+            let held = released == credentials_hold::Released::HeldForAnother;
+            context.held_credentials.saw(&namespace, secret, held);
         }
         Step::ReleaseFormerCredentials(secret) => {
-            credentials_hold::release(&context.client, &namespace, &secret, set)
+            let released = credentials_hold::release(&context.client, &namespace, &secret, set)
                 .await
                 .map_err(kube_err("releasing the former credentials Secret"))?;
+            let held = released == credentials_hold::Released::HeldForAnother;
+            context.held_credentials.saw(&namespace, &secret, held);
         }
         Step::RecordCredentials => {
             let patch = json!({"metadata": {"annotations": {

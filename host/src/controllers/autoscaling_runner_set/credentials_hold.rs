@@ -13,6 +13,10 @@
 //! itself. (A finalizer per set would need no second look, but would grow
 //! a Secret shared by a thousand sets by a thousand names.)
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::ListParams;
 use kube::core::PartialObjectMeta;
@@ -31,6 +35,44 @@ pub enum Released {
     /// A set that names the Secret appeared while it was released, and
     /// holds it now.
     HeldForAnother,
+}
+
+/// How long a Secret seen holding the finalizer is taken to hold it still
+/// without a read. Only this controller removes the finalizer, and it
+/// forgets what it saw when it does; the re-read after this long is for a
+/// hand that removed it, which the next pass then puts back.
+pub const RECHECK: Duration = Duration::from_secs(60);
+
+/// The credentials Secrets this controller last saw held, and when: a pass
+/// over a set whose Secret is known held reads nothing, where it read the
+/// Secret's metadata on every pass (two a job under load). A set being
+/// deleted reads anyway: what its release decides on is worth a read.
+#[derive(Default)]
+pub struct KnownHeld {
+    seen: Mutex<HashMap<(String, String), Instant>>,
+}
+
+impl KnownHeld {
+    /// Whether `namespace/secret` was seen held within [`RECHECK`].
+    pub fn held(&self, namespace: &str, secret: &str) -> bool {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.get(&(namespace.to_owned(), secret.to_owned()))
+            .is_some_and(|at| at.elapsed() < RECHECK)
+    }
+
+    /// Records what a read or a write showed of `namespace/secret`. The
+    /// entries past [`RECHECK`] go whenever one is added, so a tenant
+    /// naming Secrets by the thousand keeps a minute's worth at most.
+    pub fn saw(&self, namespace: &str, secret: &str, held: bool) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (namespace.to_owned(), secret.to_owned());
+        if held {
+            seen.retain(|_, at| at.elapsed() < RECHECK);
+            seen.insert(key, Instant::now());
+        } else {
+            seen.remove(&key);
+        }
+    }
 }
 
 /// Puts the finalizer on the Secret `secret` in `namespace`, unless it is
@@ -96,4 +138,38 @@ async fn read(
     Api::<Secret>::namespaced(client.clone(), namespace)
         .get_metadata_opt(secret)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_seen_held_is_known_until_released_and_others_are_not() {
+        let known = KnownHeld::default();
+        assert!(!known.held("ns", "github"));
+        known.saw("ns", "github", true);
+        assert!(known.held("ns", "github"));
+        assert!(!known.held("other", "github"));
+        assert!(!known.held("ns", "other"));
+        known.saw("ns", "github", false);
+        assert!(!known.held("ns", "github"));
+    }
+
+    #[test]
+    fn a_secret_seen_held_too_long_ago_is_read_again_and_forgotten() {
+        let known = KnownHeld::default();
+        let long_ago = Instant::now()
+            .checked_sub(RECHECK)
+            .expect("the clock is past a minute");
+        known
+            .seen
+            .lock()
+            .unwrap()
+            .insert(("ns".into(), "stale".into()), long_ago);
+        assert!(!known.held("ns", "stale"));
+        known.saw("ns", "fresh", true);
+        let seen = known.seen.lock().unwrap();
+        assert_eq!(seen.len(), 1, "the stale entry went when another came");
+    }
 }

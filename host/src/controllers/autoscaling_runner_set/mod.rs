@@ -175,6 +175,8 @@ pub struct Context<L, S> {
     known_runner_sets: kit::expectations::Expectations,
     /// The scale sets this replica serves ([`crate::sharding`]).
     shards: Shards,
+    /// The credentials Secrets seen held, so a pass need not read them.
+    held_credentials: credentials_hold::KnownHeld,
 }
 
 /// A set's loaded pod-validation policy ([`crate::policy::gate`]).
@@ -204,6 +206,7 @@ impl<L: ListenerControl, S: ActionsClientSource> Context<L, S> {
             runner_set_stores: Mutex::default(),
             known_runner_sets: kit::expectations::Expectations::new(&Shards::single()),
             shards: Shards::single(),
+            held_credentials: credentials_hold::KnownHeld::default(),
         }
     }
 

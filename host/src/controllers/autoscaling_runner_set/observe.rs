@@ -12,12 +12,13 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
 use super::apply::{actions_err, kube_err};
+use super::credentials_hold::{self, KnownHeld};
 use super::plan::{
     DeletionObserved, FormerCredentials, Need, Observed, ProxySecretData, RunnerCounts,
     RunnerObserved, RunnerProxy, RunnerSetObserved, RunnerSetState, ServiceScaleSet,
     ShadowTemplateVerdict, TemplateVerdict,
 };
-use super::{Context, Error, credentials_hold, github_target};
+use super::{Context, Error, github_target};
 use crate::actions::{ActionsClient, ActionsError};
 use crate::api::{
     AutoscalingRunnerSet, EphemeralRunner, EphemeralRunnerSet, EphemeralRunnerSetPhase,
@@ -98,7 +99,7 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
                 read
             }
         };
-        let credentials_held = credentials_held(&set, apis).await?;
+        let credentials_held = credentials_held(&set, apis, &context.held_credentials).await?;
         let former_credentials = former_credentials(&set, apis).await?;
         let runner_proxy = runner_proxy(&set, apis).await?;
         let mut observed = observed(&set, runner_set.as_ref(), context, verdict.clone());
@@ -177,7 +178,9 @@ impl<'a, L: ListenerControl, S: ActionsClientSource> Observation<'a, L, S> {
                 let renamed = names(&fresh) != names(&self.set);
                 self.set = Arc::new(fresh);
                 if renamed {
-                    self.credentials_held = credentials_held(&self.set, self.apis).await?;
+                    self.credentials_held =
+                        credentials_held(&self.set, self.apis, &self.context.held_credentials)
+                            .await?;
                     self.former_credentials = former_credentials(&self.set, self.apis).await?;
                 }
                 self.observed = observed(
@@ -578,16 +581,27 @@ async fn validate_with<L, S>(
 
 /// Whether the credentials Secret holds our finalizer; `None` when it is
 /// absent or already being deleted (no finalizer can be added then).
-async fn credentials_held(set: &AutoscalingRunnerSet, apis: &Apis) -> Result<Option<bool>, Error> {
+async fn credentials_held(
+    set: &AutoscalingRunnerSet,
+    apis: &Apis,
+    known: &KnownHeld,
+) -> Result<Option<bool>, Error> {
+    let namespace = set.namespace().unwrap_or_default();
+    let name = &set.spec.github_config_secret;
+    if set.metadata.deletion_timestamp.is_none() && known.held(&namespace, name) {
+        return Ok(Some(true));
+    }
     let secret = apis
         .secrets
-        .get_metadata_opt(&set.spec.github_config_secret)
+        .get_metadata_opt(name)
         .await
         .map_err(kube_err("reading the credentials Secret"))?;
-    Ok(secret.and_then(|secret| {
+    let held = secret.and_then(|secret| {
         let held = finalizer::held(&secret, &finalizers::CREDENTIALS_IN_USE);
         (held || secret.metadata.deletion_timestamp.is_none()).then_some(held)
-    }))
+    });
+    known.saw(&namespace, name, held == Some(true));
+    Ok(held)
 }
 
 /// The Secret `set` records holding when its spec now names another: its
