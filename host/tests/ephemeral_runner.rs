@@ -92,6 +92,9 @@ struct World {
     /// The client the controller talks to the API server with, when not
     /// the test's own (one through a relay that counts what it is sent).
     controller_client: Option<kube::Client>,
+    /// The runners "made by the set controller", as a process's set
+    /// controller hands them to the runner controller.
+    made: arcwright::controllers::kit::made::MadeRunners,
 }
 
 impl World {
@@ -133,6 +136,7 @@ impl World {
             slack,
             loader: None,
             controller_client: None,
+            made: Default::default(),
         };
         world.start_controller();
         world
@@ -158,6 +162,7 @@ impl World {
             shards: arcwright::sharding::Shards::single(),
             backlogs: Default::default(),
             status_budget: Default::default(),
+            made_runners: self.made.clone(),
         };
         let config = Config {
             namespace: Some(self.env.namespace().to_string()),
@@ -1328,6 +1333,61 @@ async fn a_runner_its_set_did_not_make_is_never_registered() {
         "{pods:?}"
     );
     assert_eq!(world.ledger().still_registered, 1);
+}
+
+/// A runner the set controller of the same process made is known to be its
+/// set's from the create's answer, handed over in memory: its admission
+/// reads nothing. Proven with a runner whose named set does not exist at
+/// all, which a read would refuse: recorded as made, it is registered and
+/// runs; its twin, not recorded, is refused.
+#[tokio::test]
+async fn a_runner_its_set_made_in_this_process_is_admitted_without_a_read() {
+    let mut world = World::new("made-here", fast_settings()).await;
+    let spec = world.create_runner("r-first").await.spec;
+    world.crash_controller();
+    let owned = common::owned_by_a_set(
+        world.env.client(),
+        world.env.namespace(),
+        SET,
+        EphemeralRunner::new("r-made", spec),
+    )
+    .await;
+    let mut made = owned.clone();
+    let missing_set = "22222222-0000-0000-0000-000000000000";
+    made.metadata.owner_references.as_mut().unwrap()[0].uid = missing_set.into();
+    let mut twin = made.clone();
+    twin.metadata.name = Some("r-twin".into());
+    let made = world
+        .runners()
+        .create(&PostParams::default(), &made)
+        .await
+        .unwrap();
+    world
+        .runners()
+        .create(&PostParams::default(), &twin)
+        .await
+        .unwrap();
+    world
+        .made
+        .made(made.metadata.uid.as_deref().unwrap(), missing_set);
+    world.start_controller();
+
+    world
+        .wait_runner("r-made", "running", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Running)
+        })
+        .await;
+    let twin = world
+        .wait_runner("r-twin", "failed, not its set's", |r| {
+            phase(r) == Some(EphemeralRunnerPhase::Failed)
+        })
+        .await;
+    assert_eq!(
+        twin.status.unwrap().reason.as_deref(),
+        Some("NotOwned"),
+        "only the recorded pair skips the read"
+    );
+    assert!(world.made.is_empty(), "the record was taken at admission");
 }
 
 #[tokio::test]

@@ -325,6 +325,9 @@ pub struct Shared {
     /// (`--status-budget` a second): the runners' and the listeners' job
     /// starts draw on the one budget.
     pub status_budget: crate::controllers::kit::budget::WriteBudget,
+    /// The runners the set controller made, for the runner controller's
+    /// admission ([`crate::controllers::kit::made`]).
+    pub made_runners: crate::controllers::kit::made::MadeRunners,
 }
 
 /// What held failed runners need from the flags.
@@ -457,6 +460,7 @@ impl Shared {
             status_budget: crate::controllers::kit::budget::WriteBudget::new(
                 options.controllers.status_budget,
             ),
+            made_runners: crate::controllers::kit::made::MadeRunners::default(),
         })
     }
 }

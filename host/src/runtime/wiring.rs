@@ -68,6 +68,7 @@ async fn ephemeral_runners(ctx: Context) -> Result<(), BoxError> {
         shards: shared.shards.clone(),
         backlogs: shared.backlogs.clone(),
         status_budget: shared.status_budget.clone(),
+        made_runners: shared.made_runners.clone(),
     };
     let pool = PoolConfig {
         workers: usize::from(shared.unregistration_workers),
@@ -108,6 +109,7 @@ async fn ephemeral_runner_sets(ctx: Context) -> Result<(), BoxError> {
     context.shards = shared.shards.clone();
     context.backlogs = shared.backlogs.clone();
     context.status_budget = shared.status_budget.clone();
+    context.made_runners = shared.made_runners.clone();
     let context = Arc::new(context);
     join_all(scopes.iter().map(|namespace| {
         ephemeral_runner_set::run(

@@ -208,6 +208,10 @@ pub struct Dependencies {
     /// The host's budget of status writes that only inform
     /// ([`crate::controllers::kit::budget`]).
     pub status_budget: crate::controllers::kit::budget::WriteBudget,
+    /// The runners this process's set controller made
+    /// ([`crate::controllers::kit::made`]): their ownership is known
+    /// without a read.
+    pub made_runners: crate::controllers::kit::made::MadeRunners,
 }
 
 /// What every reconcile reads.

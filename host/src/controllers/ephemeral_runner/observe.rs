@@ -596,6 +596,13 @@ async fn not_owned(
             owner.name
         )));
     }
+    // Made by this process's set controller: the create's answer proved
+    // it already.
+    if let Some(uid) = runner.uid()
+        && ctx.deps.made_runners.take(&uid, &owner.uid)
+    {
+        return Ok(None);
+    }
     let sets: Api<EphemeralRunnerSet> = Api::namespaced(ctx.deps.client.clone(), namespace);
     let set = sets
         .get_metadata_opt(&owner.name)

@@ -168,7 +168,12 @@ impl<'a> Apply<'a> {
             .create(&post_params(), &new_runner(self.set, creation))
             .await;
         match &created {
-            Ok(runner) => self.record(&runner.name_any(), Known::of(&runner.metadata)),
+            Ok(runner) => {
+                self.record(&runner.name_any(), Known::of(&runner.metadata));
+                if let (Some(runner), Some(set)) = (runner.uid(), self.set.uid()) {
+                    self.ctx.made_runners.made(&runner, &set);
+                }
+            }
             // It may have been made under a name never learnt.
             Err(_) => self.record("", None),
         }

@@ -74,6 +74,9 @@ pub struct Context {
     /// ([`crate::controllers::kit::budget`]): a set's status that only
     /// moves its runner counts waits for it.
     pub status_budget: WriteBudget,
+    /// The runners it made, handed to their controller's admission
+    /// ([`crate::controllers::kit::made`]).
+    pub made_runners: crate::controllers::kit::made::MadeRunners,
     /// What the controller remembers of each set between passes, by uid.
     memory: std::sync::Mutex<std::collections::HashMap<String, SetMemory>>,
     /// The runners as the controller's watch holds them, while it runs.
@@ -155,6 +158,7 @@ impl Context {
             shards: crate::sharding::Shards::single(),
             backlogs: crate::backlog::Backlogs::new(),
             status_budget: WriteBudget::default(),
+            made_runners: crate::controllers::kit::made::MadeRunners::default(),
             memory: std::sync::Mutex::default(),
             runner_cache: std::sync::Mutex::default(),
         }

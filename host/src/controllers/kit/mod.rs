@@ -11,6 +11,7 @@ pub mod budget;
 pub mod conditions;
 pub mod expectations;
 pub mod finalizer;
+pub mod made;
 pub mod projection;
 pub mod relist;
 mod sync;
